@@ -1,0 +1,89 @@
+"""ortgen: text generation on ONNX Runtime for the CPU.
+
+The public API lives here and only here; plugin authors import nothing else.
+The runtime half (``load`` and what it returns) is imported on first use, so a
+plugin module that only needs ``hookimpl`` and the protocols imports quickly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from .config import GenerationConfig
+from .errors import (
+    ComponentError,
+    ConfigError,
+    ExportError,
+    InputError,
+    ModelLoadError,
+    OrtgenError,
+    PluginError,
+)
+from .hookspecs import hookimpl
+from .protocols import GenerationContext, KVCache, LogitsProcessor, Sampler, StoppingCriterion
+
+if TYPE_CHECKING:
+    from .api import GenerationOutput, TextGenerator, load
+    from .generate import Generation
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "GenerationOutput": "api",
+    "TextGenerator": "api",
+    "load": "api",
+    "Generation": "generate",
+}
+_default: TextGenerator | None = None
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'ortgen' has no attribute {name!r}")
+
+
+def _default_generator() -> TextGenerator:
+    global _default
+    if _default is None:
+        from .api import load
+
+        _default = load()
+    return _default
+
+
+def generate(prompts: Any, **settings: Any) -> GenerationOutput:
+    """``load().generate(...)`` on the default model, loaded once per process."""
+    return _default_generator().generate(prompts, **settings)
+
+
+def stream(prompt: Any, **settings: Any) -> Iterator[str]:
+    """``load().stream(...)`` on the default model, loaded once per process."""
+    return _default_generator().stream(prompt, **settings)
+
+
+__all__ = [
+    "ComponentError",
+    "ConfigError",
+    "ExportError",
+    "Generation",
+    "GenerationConfig",
+    "GenerationContext",
+    "GenerationOutput",
+    "InputError",
+    "KVCache",
+    "LogitsProcessor",
+    "ModelLoadError",
+    "OrtgenError",
+    "PluginError",
+    "Sampler",
+    "StoppingCriterion",
+    "TextGenerator",
+    "generate",
+    "hookimpl",
+    "load",
+    "stream",
+]

@@ -1,0 +1,329 @@
+"""The user-facing object: a loaded model folder that generates text.
+
+``load()`` reads the folder once (graph, tokenizer, model config layers, plugins);
+every ``generate``/``stream``/``chat`` call resolves its config, builds a fresh
+component chain and drives a ``Generation`` step object.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import config as config_mod
+from .chain import build_chain
+from .errors import ComponentError, InputError, ModelLoadError
+from .generate import Generation
+from .model import ExportedModel
+from .paths import default_model_dir
+from .plugin_manager import build_registry, make_plugin_manager
+from .protocols import GenerationContext
+from .text import IncrementalDetokenizer, StopStringMatcher, Tokenizer, load_tokenizer
+
+Prompt = str | Sequence[int] | np.ndarray
+Prompts = Prompt | Sequence[str] | Sequence[Sequence[int]]
+
+
+@dataclass
+class GenerationOutput:
+    """What one ``generate`` call produced.
+
+    ``text`` is a str for one prompt and a list for a batch (prompt excluded, stop
+    strings trimmed; None without a tokenizer). ``tokens`` holds the generated ids
+    per row (no prompt, no padding; the EOS that ended a row is included, as in
+    Hugging Face). ``sequences`` is Hugging Face's (B, T) array: left-padded
+    prompts plus generated tokens, padded after a row finished.
+    """
+
+    text: str | list[str] | None
+    tokens: list[list[int]]
+    sequences: np.ndarray
+    finish_reasons: list[str]
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+class TextGenerator:
+    """A model folder ready to generate: graph session, tokenizer, config layers, plugins."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        threads: int | None = None,
+        spinning: bool = False,
+        plugins: Iterable[object] = (),
+        disable_plugins: Iterable[str] = (),
+    ) -> None:
+        self.path = Path(path)
+        self.model = ExportedModel(self.path, threads=threads, spinning=spinning)
+        self.tokenizer: Tokenizer | None = load_tokenizer(self.path)
+        self.plugin_manager = make_plugin_manager(disable=disable_plugins, extra=plugins)
+        self.registry = build_registry(self.plugin_manager)
+        self._model_layers = config_mod.model_layers(self.path)
+
+    # -- config --------------------------------------------------------------------
+
+    def resolve_config(
+        self,
+        settings: Mapping[str, Any] | None = None,
+        *,
+        pipeline: Mapping[str, Any] | None = None,
+    ) -> config_mod.Resolved:
+        """Library defaults < model files < ``pipeline`` < ``settings``, validated."""
+        layers = [*self._model_layers, ("pipeline", pipeline or {}), ("call", settings or {})]
+        return config_mod.resolve(layers)
+
+    # -- generation ----------------------------------------------------------------
+
+    def start(
+        self,
+        prompts: Prompts,
+        *,
+        pipeline: Mapping[str, Any] | None = None,
+        **settings: Any,
+    ) -> Generation:
+        """Encode, check and set up one request; the caller drives ``step()``."""
+        resolved = self.resolve_config(settings, pipeline=pipeline)
+        rows, _ = self._encode(prompts)
+        return self._start(rows, resolved.config)
+
+    def generate(
+        self, prompts: Prompts, *, pipeline: Mapping[str, Any] | None = None, **settings: Any
+    ) -> GenerationOutput:
+        """Generate for one prompt or a batch (text or token ids)."""
+        config = self.resolve_config(settings, pipeline=pipeline).config
+        rows, single = self._encode(prompts)
+        started = time.perf_counter()
+        state = self._start(rows, config)
+        watch = _StopWatch(self.tokenizer, config.stop_strings, state.batch_size)
+        stats: dict[str, float] = {"prompt_tokens": float(state.prompt_length)}
+        try:
+            while not state.is_done:
+                next_ids = state.step()
+                if state.steps == 1:
+                    stats["prefill_s"] = time.perf_counter() - started
+                watch.update(state, next_ids)
+        except ComponentError as exc:
+            exc.partial = self._output(state, watch, single, stats)  # type: ignore[attr-defined]
+            raise
+        stats["total_s"] = time.perf_counter() - started
+        return self._output(state, watch, single and config.num_return_sequences == 1, stats)
+
+    def stream(self, prompt: Prompt, **settings: Any) -> Iterator[str]:
+        """Yield text pieces as they are generated (one prompt); stop strings held back."""
+        tokenizer = self._need_tokenizer("stream()")
+        config = self.resolve_config(settings).config
+        rows, single = self._encode(prompt)
+        if not single or config.num_return_sequences != 1:
+            raise InputError("stream() takes one prompt and num_return_sequences=1; use generate()")
+        state = self._start(rows, config)
+        detok = IncrementalDetokenizer(tokenizer)
+        matcher = StopStringMatcher(config.stop_strings) if config.stop_strings else None
+        text, shown = "", 0
+        while not state.is_done:
+            token = int(state.step()[0])
+            text += detok.push(token)
+            if matcher is not None and (cut := matcher.find(text)) is not None:
+                state.finish(0, "stop_string")
+                text = text[:cut]
+                break
+            safe = matcher.safe_length(text) if matcher else len(text)
+            if safe > shown:
+                yield text[shown:safe]
+                shown = safe
+        if state.finish_reasons[0] != "stop_string":
+            text += detok.flush()
+        if len(text) > shown:
+            yield text[shown:]
+
+    def chat(self, messages: Sequence[Mapping[str, str]], **settings: Any) -> GenerationOutput:
+        """Answer a conversation using the model's chat template."""
+        return self.generate(self.chat_prompt(messages), **settings)
+
+    def chat_prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        tokenizer = self._need_tokenizer("chat()")
+        text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True)
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    # -- internals -----------------------------------------------------------------
+
+    def _need_tokenizer(self, what: str) -> Tokenizer:
+        if self.tokenizer is None:
+            raise InputError(
+                f"{what} needs a tokenizer, and {self.path} has none; pass token ids to generate()"
+            )
+        return self.tokenizer
+
+    def _encode(self, prompts: Prompts) -> tuple[list[list[int]], bool]:
+        """Token-id rows for the prompts, and whether a single prompt was given."""
+        if isinstance(prompts, str):
+            return [self._encode_text(prompts, 0)], True
+        if isinstance(prompts, np.ndarray):
+            if prompts.ndim == 1:
+                return [self._check_ids(prompts.tolist(), 0)], True
+            if prompts.ndim == 2:
+                return [self._check_ids(r, i) for i, r in enumerate(prompts.tolist())], False
+            raise InputError(f"token-id prompts must be 1-D or 2-D, got shape {prompts.shape}")
+        items = list(prompts)
+        if not items:
+            raise InputError("no prompt given (an empty list)")
+        if all(isinstance(x, int | np.integer) for x in items):
+            return [self._check_ids([int(x) for x in items], 0)], True
+        rows = []
+        for i, item in enumerate(items):
+            if isinstance(item, str):
+                rows.append(self._encode_text(item, i))
+            elif isinstance(item, Sequence | np.ndarray):
+                rows.append(self._check_ids([int(x) for x in item], i))
+            else:
+                raise InputError(f"prompt {i} is a {type(item).__name__}; give text or token ids")
+        return rows, False
+
+    def _encode_text(self, text: str, index: int) -> list[int]:
+        if not text:
+            raise InputError(f"prompt {index} is empty")
+        ids = self._need_tokenizer("a text prompt").encode(text)
+        return self._check_ids(ids, index)
+
+    def _check_ids(self, ids: list[int], index: int) -> list[int]:
+        if not ids:
+            raise InputError(f"prompt {index} is empty (no tokens)")
+        vocab = self.model.signature.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise InputError(f"prompt {index} has token ids outside [0, {vocab}): {bad[:5]}")
+        context = self.model.max_context
+        if context is not None and len(ids) >= context:
+            raise InputError(
+                f"prompt {index} has {len(ids)} tokens; the model's context is {context} tokens, "
+                "which leaves no room to generate. Shorten the prompt."
+            )
+        return ids
+
+    def _start(self, rows: list[list[int]], config: config_mod.GenerationConfig) -> Generation:
+        if config.num_return_sequences > 1:
+            rows = [row for row in rows for _ in range(config.num_return_sequences)]
+        prompt_length = max(len(r) for r in rows)
+        max_length = self._max_length(config, prompt_length)
+        eos = config.eos_token_ids
+        pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
+        ctx = GenerationContext(
+            config=config,
+            batch_size=len(rows),
+            prompt_length=prompt_length,
+            vocab_size=self.model.signature.vocab_size,
+            eos_token_ids=eos,
+            pad_token_id=pad,
+            max_length=max_length,
+            signature=self.model.signature,
+            seed=config.seed,
+        )
+        chain = build_chain(self.registry, ctx)
+        return Generation(self.model, chain, rows, max_length=max_length, pad_token_id=pad)
+
+    def _max_length(self, config: config_mod.GenerationConfig, prompt_length: int) -> int:
+        if config.max_new_tokens is not None:
+            max_length = prompt_length + config.max_new_tokens
+        else:
+            assert config.max_length is not None
+            max_length = config.max_length
+            if max_length <= prompt_length:
+                raise InputError(
+                    f"max_length={max_length} leaves no room after the {prompt_length}-token "
+                    "prompt; set max_new_tokens instead"
+                )
+        context = self.model.max_context
+        return min(max_length, context) if context else max_length
+
+    def _output(
+        self, state: Generation, watch: _StopWatch, single: bool, stats: dict[str, float]
+    ) -> GenerationOutput:
+        tokens = [state.generated(r) for r in range(state.batch_size)]
+        texts = watch.texts(tokens) if self.tokenizer is not None else None
+        reasons = [r or "error" for r in state.finish_reasons]
+        steps = state.steps
+        if "prefill_s" in stats and steps > 1 and "total_s" in stats:
+            stats["decode_ms_per_token"] = (
+                1e3 * (stats["total_s"] - stats["prefill_s"]) / (steps - 1)
+            )
+        text: str | list[str] | None = texts[0] if single and texts is not None else texts
+        return GenerationOutput(text, tokens, state.sequences.copy(), reasons, stats)
+
+
+class _StopWatch:
+    """Per-row text for stop strings: finishes rows whose text contains one, and trims it."""
+
+    def __init__(self, tokenizer: Tokenizer | None, stop_strings, batch: int) -> None:
+        if stop_strings and tokenizer is None:
+            raise InputError("stop_strings need a tokenizer; this model folder has none")
+        self.tokenizer = tokenizer
+        self.matcher = StopStringMatcher(stop_strings) if stop_strings else None
+        self._detoks = (
+            [IncrementalDetokenizer(tokenizer) for _ in range(batch)] if self.matcher else []
+        )
+        self._texts = [""] * batch if self.matcher else []
+        self._cuts: dict[int, int] = {}
+
+    def update(self, state: Generation, next_ids: np.ndarray) -> None:
+        if self.matcher is None:
+            return
+        for row, token in enumerate(next_ids.tolist()):
+            if row in self._cuts:
+                continue
+            piece = self._detoks[row].push(token)
+            start = max(0, len(self._texts[row]) - self.matcher.longest)
+            self._texts[row] += piece
+            cut = self.matcher.find(self._texts[row], start)
+            if cut is not None:
+                self._cuts[row] = cut
+                state.finish(row, "stop_string")
+
+    def texts(self, tokens: list[list[int]]) -> list[str]:
+        assert self.tokenizer is not None
+        texts = [self.tokenizer.decode(t) for t in tokens]
+        for row, cut in self._cuts.items():
+            texts[row] = self._texts[row][:cut]
+        return texts
+
+
+def load(
+    path: str | Path | None = None,
+    *,
+    threads: int | None = None,
+    spinning: bool = False,
+    plugins: Iterable[object] = (),
+    disable_plugins: Iterable[str] = (),
+) -> TextGenerator:
+    """Load an exported model folder; without a path, the default model (built on first use)."""
+    if path is None:
+        path = ensure_default_model()
+    return TextGenerator(
+        path, threads=threads, spinning=spinning, plugins=plugins, disable_plugins=disable_plugins
+    )
+
+
+def ensure_default_model() -> Path:
+    """The default model folder, exported on first use when the export extra is installed."""
+    folder = default_model_dir()
+    from .export import build_default_model, is_complete_model_folder
+
+    if is_complete_model_folder(folder):
+        return folder
+    try:
+        import optimum  # noqa: F401
+    except ImportError as exc:
+        raise ModelLoadError(
+            f"the default model is not built yet ({folder}) and building it needs the export "
+            "tools: pip install 'ortgen[export]', then run `ortgen export --default`"
+        ) from exc
+
+    def progress(message: str) -> None:
+        print(f"[ortgen] {message}", file=sys.stderr, flush=True)
+
+    return build_default_model(folder.parent, progress=progress)

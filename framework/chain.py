@@ -1,0 +1,95 @@
+"""From a resolved config to the components of one request.
+
+Flat Hugging Face fields become built-in processors in Hugging Face's order
+(penalties and constraints, then temperature, top-k, top-p, min-p, typical), so
+the same settings give the same distribution as ``transformers``; explicit
+components from a pipeline file or call come after them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .config import GenerationConfig
+from .protocols import GenerationContext, KVCache, LogitsProcessor, Sampler, StoppingCriterion
+from .registry import Registry
+
+Spec = tuple[str, dict[str, Any]]
+
+
+@dataclass
+class Chain:
+    """The plain callables the loop calls, each with the name it was registered under."""
+
+    processors: list[tuple[str, LogitsProcessor]]
+    sampler: tuple[str, Sampler]
+    stopping: list[tuple[str, StoppingCriterion]]
+    cache: KVCache
+
+
+def processor_specs(config: GenerationConfig) -> list[Spec]:
+    """Processors implied by flat fields, in Hugging Face's ``_get_logits_processor`` order."""
+    c = config
+    eos = list(c.eos_token_ids)
+    specs: list[Spec] = []
+    if c.repetition_penalty != 1.0:
+        specs.append(("repetition_penalty", {"repetition_penalty": c.repetition_penalty}))
+    if c.no_repeat_ngram_size > 0:
+        specs.append(("no_repeat_ngram_size", {"no_repeat_ngram_size": c.no_repeat_ngram_size}))
+    if c.bad_words_ids:
+        bad = [list(seq) for seq in c.bad_words_ids]
+        specs.append(("bad_words_ids", {"bad_words_ids": bad, "eos_token_id": eos}))
+    if c.min_new_tokens and eos:
+        specs.append(("min_new_tokens", {"min_new_tokens": c.min_new_tokens, "eos_token_id": eos}))
+    if c.do_sample:
+        keep = {"min_tokens_to_keep": 1}
+        if c.temperature != 1.0:
+            specs.append(("temperature", {"temperature": c.temperature}))
+        if c.top_k != 0:
+            specs.append(("top_k", {"top_k": c.top_k, **keep}))
+        if c.top_p < 1.0:
+            specs.append(("top_p", {"top_p": c.top_p, **keep}))
+        if c.min_p is not None:
+            specs.append(("min_p", {"min_p": c.min_p, **keep}))
+        if c.typical_p < 1.0:
+            specs.append(("typical_p", {"typical_p": c.typical_p, **keep}))
+    specs.extend(_explicit(c.logits_processors))
+    return specs
+
+
+def sampler_spec(config: GenerationConfig) -> Spec:
+    if config.sampler:
+        return config.sampler, {}
+    return ("multinomial" if config.do_sample else "greedy"), {}
+
+
+def stopping_specs(config: GenerationConfig, max_length: int) -> list[Spec]:
+    specs: list[Spec] = [("max_length", {"max_length": max_length})]
+    if config.eos_token_ids:
+        specs.append(("eos", {"eos_token_id": list(config.eos_token_ids)}))
+    if config.max_time is not None:
+        specs.append(("max_time", {"max_time": config.max_time}))
+    specs.extend(_explicit(config.stopping_criteria))
+    return specs
+
+
+def _explicit(components: tuple[Mapping[str, Any], ...]) -> list[Spec]:
+    return [(spec["name"], {k: v for k, v in spec.items() if k != "name"}) for spec in components]
+
+
+def build_chain(registry: Registry, ctx: GenerationContext) -> Chain:
+    """Create every component of one request (factories run once, here)."""
+    config = ctx.config
+
+    def create(kind: str, spec: Spec) -> tuple[str, Any]:
+        name, params = spec
+        return name, registry.create(kind, name, params, ctx)
+
+    return Chain(
+        processors=[create("logits_processor", s) for s in processor_specs(config)],
+        sampler=create("sampler", sampler_spec(config)),
+        stopping=[create("stopping_criterion", s) for s in stopping_specs(config, ctx.max_length)],
+        cache=create("kv_cache", (config.cache, {}))[1],
+    )

@@ -1,0 +1,35 @@
+"""Error types. Every error names what was wrong, where, and what would be right."""
+
+from __future__ import annotations
+
+
+class OrtgenError(Exception):
+    """Base class of every error ortgen raises on purpose."""
+
+
+class ModelLoadError(OrtgenError):
+    """A model folder or ONNX graph cannot be used for generation."""
+
+
+class ExportError(OrtgenError):
+    """Exporting a Hugging Face folder or GGUF file to ONNX failed."""
+
+
+class ConfigError(OrtgenError, ValueError):
+    """A generation setting is unknown, out of range or contradicts another."""
+
+
+class InputError(OrtgenError, ValueError):
+    """A prompt or other request input cannot be generated from."""
+
+
+class PluginError(OrtgenError):
+    """A plugin registered a bad or duplicate component, or a name is unknown."""
+
+
+class ComponentError(OrtgenError):
+    """A component (processor, sampler, stopping criterion, cache) failed during a request.
+
+    The message names the component and the decoding step; the request that hit it
+    fails, other requests are unaffected.
+    """

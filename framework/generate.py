@@ -1,0 +1,230 @@
+"""The loop: prefill, then forward → processors → sampler → append → stopping, per step.
+
+``Generation`` is the step object under ``generate()`` and ``stream()``. It holds
+a preallocated token buffer and the KV cache, and feeds the model only what the
+cache has not seen yet: the whole prompt on the first step (prefill), one token
+per row after that, or a whole appended turn when a chat continues. No plugin
+code and no I/O live here; components arrive as plain callables in a ``Chain``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .chain import Chain
+from .errors import ComponentError, InputError
+from .model import ExportedModel
+
+
+class Generation:
+    """One request's sequences and cache, advanced one token per row per ``step()``."""
+
+    def __init__(
+        self,
+        model: ExportedModel,
+        chain: Chain,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_length: int,
+        pad_token_id: int,
+    ) -> None:
+        if not prompts:
+            raise InputError("no prompts given")
+        self.model = model
+        self.chain = chain
+        self.pad_token_id = pad_token_id
+        self.prompt_length = max(len(p) for p in prompts)
+        batch = len(prompts)
+        self.ids = np.full((batch, max_length), pad_token_id, dtype=np.int64)
+        self.mask = np.zeros((batch, max_length), dtype=np.int64)
+        for row, prompt in enumerate(prompts):  # left padding
+            if len(prompt):
+                self.ids[row, self.prompt_length - len(prompt) : self.prompt_length] = prompt
+                self.mask[row, self.prompt_length - len(prompt) : self.prompt_length] = 1
+        self.length = self.prompt_length  # tokens in the buffer, per row (padding included)
+        self.fed = 0  # positions the cache holds
+        self._next_position = self.mask.sum(axis=1)  # per row: position of the next token
+        self.unfinished = np.ones(batch, dtype=bool)
+        self.finish_reasons: list[str | None] = [None] * batch
+        self._finished_at: dict[int, int] = {}  # row -> buffer length when it finished
+        self.steps = 0
+
+    @property
+    def batch_size(self) -> int:
+        return self.ids.shape[0]
+
+    @property
+    def is_done(self) -> bool:
+        return not self.unfinished.any()
+
+    @property
+    def sequences(self) -> np.ndarray:
+        """(B, T) left-padded prompts and generated tokens; a view of the buffer."""
+        return self.ids[:, : self.length]
+
+    def generated(self, row: int) -> list[int]:
+        """Tokens generated for ``row``: no prompt, no padding after it finished."""
+        tokens = self.ids[row, self.prompt_length : self.length]
+        if self.finish_reasons[row] is not None:
+            tokens = tokens[: self._finished_at[row] - self.prompt_length]
+        return tokens.tolist()
+
+    def step(self) -> np.ndarray:
+        """Pick one token per row; returns them (pad for rows already finished)."""
+        if self.is_done:
+            raise InputError("generation is finished; append() more tokens to continue")
+        scores = self._forward()
+        input_ids = self.ids[:, : self.length]
+        for name, processor in self.chain.processors:
+            scores = self._call("logits processor", name, processor, input_ids, scores)
+            _check_scores(name, scores, self.batch_size, self.steps)
+        _check_not_nan(scores, self.chain, self.steps)
+        sampler_name, sampler = self.chain.sampler
+        next_ids = self._call("sampler", sampler_name, sampler, input_ids, scores)
+        next_ids = _check_ids(sampler_name, next_ids, self.batch_size, scores.shape[1], self.steps)
+        next_ids = np.where(self.unfinished, next_ids, self.pad_token_id)
+        self._append_column(next_ids)
+        self._stop(scores)
+        self.steps += 1
+        return next_ids
+
+    def finish(self, row: int, reason: str) -> None:
+        """Mark ``row`` finished from outside the chain (e.g. a stop string in its text)."""
+        if self.unfinished[row]:
+            self.unfinished[row] = False
+            self.finish_reasons[row] = reason
+            self._finished_at[row] = self.length
+
+    def append(self, tokens: Sequence[Sequence[int]]) -> None:
+        """Add tokens to every row (a chat turn) and reopen the rows; fed on the next step."""
+        if len(tokens) != self.batch_size:
+            raise InputError(f"append() needs one token list per row ({self.batch_size} rows)")
+        width = len(tokens[0])
+        if any(len(t) != width for t in tokens) or width == 0:
+            raise InputError("append() needs non-empty token lists of equal length")
+        self._ensure_capacity(self.length + width)
+        self.ids[:, self.length : self.length + width] = np.asarray(tokens, dtype=np.int64)
+        self.mask[:, self.length : self.length + width] = 1
+        self.length += width
+        self._next_position += width
+        self._reopen()
+
+    def rewind(self, count: int) -> None:
+        """Forget the last ``count`` tokens of every row (and their cached keys/values)."""
+        if not 0 < count < self.length - self.prompt_length + 1:
+            raise InputError(f"cannot rewind {count} tokens of {self.length - self.prompt_length}")
+        self.length -= count
+        self.mask[:, self.length :] = 0
+        self._next_position -= count
+        if self.fed >= self.length:  # re-feed the last kept token to get its logits again
+            self.fed = self.length - 1
+            self.chain.cache.crop(self.fed)
+        self._reopen()
+
+    # -- internals ---------------------------------------------------------------
+
+    def _forward(self) -> np.ndarray:
+        """Feed what the cache has not seen; return the last position's logits (B, V)."""
+        start, end = self.fed, self.length
+        if start == 0:  # Hugging Face's position ids: cumsum(mask) - 1, with 1 at padding
+            seen = self.mask[:, :end]
+            positions = np.where(seen == 0, 1, np.cumsum(seen, axis=1) - 1)
+        else:
+            positions = self._next_position[:, None] - (end - start) + np.arange(end - start)
+        cache = self.chain.cache
+        logits, presents = self.model.forward(
+            self.ids[:, start:end], self.mask[:, :end], positions, cache.inputs()
+        )
+        cache.update(presents)
+        self.fed = end
+        return logits[:, -1, :]
+
+    def _append_column(self, next_ids: np.ndarray) -> None:
+        self._ensure_capacity(self.length + 1)
+        self.ids[:, self.length] = next_ids
+        self.mask[:, self.length] = 1
+        self.length += 1
+        self._next_position += 1
+
+    def _stop(self, scores: np.ndarray) -> None:
+        input_ids = self.ids[:, : self.length]
+        for name, criterion in self.chain.stopping:
+            done = self._call("stopping criterion", name, criterion, input_ids, scores)
+            done = np.asarray(done)
+            if done.shape != (self.batch_size,) or done.dtype != bool:
+                raise ComponentError(
+                    f"stopping criterion {name!r} returned {done.dtype} {done.shape} at step "
+                    f"{self.steps}; expected bool ({self.batch_size},)"
+                )
+            newly = done & self.unfinished
+            if newly.any():
+                reason = getattr(criterion, "finish_reason", name)
+                for row in np.flatnonzero(newly):
+                    self.finish(int(row), reason)
+        if self.length >= self.ids.shape[1]:
+            for row in np.flatnonzero(self.unfinished):
+                self.finish(int(row), "length")
+
+    def _reopen(self) -> None:
+        self.unfinished[:] = True
+        self.finish_reasons = [None] * self.batch_size
+        self._finished_at.clear()
+
+    def _ensure_capacity(self, needed: int) -> None:
+        capacity = self.ids.shape[1]
+        if needed <= capacity:
+            return
+        grow = max(needed, 2 * capacity) - capacity
+        self.ids = np.pad(self.ids, ((0, 0), (0, grow)), constant_values=self.pad_token_id)
+        self.mask = np.pad(self.mask, ((0, 0), (0, grow)))
+
+    def _call(self, kind: str, name: str, component, input_ids, scores):
+        try:
+            return component(input_ids, scores)
+        except ComponentError:
+            raise
+        except Exception as exc:
+            raise ComponentError(
+                f"{kind} {name!r} failed at step {self.steps}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+
+def _check_scores(name: str, scores: object, batch: int, step: int) -> None:
+    if not isinstance(scores, np.ndarray) or scores.ndim != 2 or scores.shape[0] != batch:
+        shape = getattr(scores, "shape", type(scores).__name__)
+        raise ComponentError(
+            f"logits processor {name!r} returned {shape} at step {step}; expected a float "
+            f"array of shape ({batch}, vocab)"
+        )
+    if scores.dtype.kind != "f":
+        raise ComponentError(
+            f"logits processor {name!r} returned {scores.dtype} scores at step {step}; "
+            "expected floats"
+        )
+
+
+def _check_not_nan(scores: np.ndarray, chain: Chain, step: int) -> None:
+    """A row of all-NaN scores cannot be sampled from: name who produced it."""
+    bad = np.isnan(scores).all(axis=1)
+    if bad.any():
+        names = [n for n, _ in chain.processors] or ["the model"]
+        raise ComponentError(
+            f"scores of row {int(np.flatnonzero(bad)[0])} are NaN everywhere at step {step} "
+            f"after {' -> '.join(names)}"
+        )
+
+
+def _check_ids(name: str, ids: object, batch: int, vocab: int, step: int) -> np.ndarray:
+    array = np.asarray(ids)
+    if array.shape != (batch,) or array.dtype.kind not in "iu":
+        raise ComponentError(
+            f"sampler {name!r} returned {array.dtype} {array.shape} at step {step}; expected "
+            f"integer token ids of shape ({batch},)"
+        )
+    if array.size and (array.min() < 0 or array.max() >= vocab):
+        raise ComponentError(
+            f"sampler {name!r} returned a token id outside [0, {vocab}) at step {step}"
+        )
+    return array.astype(np.int64, copy=False)

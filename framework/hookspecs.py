@@ -1,0 +1,59 @@
+"""The plugin contract: pluggy markers and the four registration hooks.
+
+Each hook is called once, when a plugin manager is built, with a ``register``
+callback. A plugin declares named factories through it; pluggy is never called
+inside the per-token loop. Factories are called once per request with their
+parameters as keyword arguments (plus ``ctx``, a :class:`GenerationContext`, when
+their signature has a parameter of that name), so per-request state never leaks
+between requests.
+
+``register(name, factory, *, replace=False)``: ``name`` is what configs and
+pipeline files use; registering a name twice is an error naming both plugins
+unless the later one passes ``replace=True``.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+PROJECT_NAME = "ortgen"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+@hookspec
+def register_logits_processors(register):  # type: ignore[no-untyped-def]
+    """Register logits-processor factories.
+
+    A processor is called as ``processor(input_ids, scores) -> scores`` with
+    ``input_ids`` int64 of shape (B, T) (prompt and tokens so far) and ``scores``
+    float32 of shape (B, V) (raw logits in, processed logits out). It may set
+    ``-inf`` and must not mutate its inputs.
+    """
+
+
+@hookspec
+def register_samplers(register):  # type: ignore[no-untyped-def]
+    """Register sampler factories.
+
+    A sampler is called as ``sampler(input_ids, scores) -> next_ids`` and returns
+    int64 of shape (B,): one token per row, picked from the processed scores.
+    Samplers only pick; reshaping the distribution is the processors' job.
+    """
+
+
+@hookspec
+def register_stopping_criteria(register):  # type: ignore[no-untyped-def]
+    """Register stopping-criterion factories.
+
+    A criterion is called as ``criterion(input_ids, scores) -> done`` after the
+    new token was appended and returns bool of shape (B,): True where that row is
+    finished. Its ``finish_reason`` attribute (a short string such as ``"eos"``
+    or ``"length"``) is reported for the rows it finished.
+    """
+
+
+@hookspec
+def register_kv_caches(register):  # type: ignore[no-untyped-def]
+    """Register KV-cache backend factories (see :class:`ortgen.KVCache`)."""

@@ -1,0 +1,90 @@
+"""What a component must look like, and what it is told about the request.
+
+These are structural protocols: a plugin needs no base class, only the call
+shape. Arrays are numpy and batch-first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .config import GenerationConfig
+    from .model import GraphSignature
+
+
+@runtime_checkable
+class LogitsProcessor(Protocol):
+    """``(input_ids (B,T) int64, scores (B,V) float32) -> (B,V) float32``; pure."""
+
+    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray: ...
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """``(input_ids (B,T), scores (B,V)) -> next_ids (B,) int64``."""
+
+    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray: ...
+
+
+@runtime_checkable
+class StoppingCriterion(Protocol):
+    """``(input_ids (B,T), scores (B,V)) -> (B,) bool``; True = that row is finished."""
+
+    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray: ...
+
+
+@runtime_checkable
+class KVCache(Protocol):
+    """Past keys/values kept between forwards of one request.
+
+    ``inputs()`` gives the past feeds by graph input name; ``update(presents)``
+    takes the graph's present outputs (same order as ``GraphSignature.past_inputs``)
+    after a forward; ``reorder(rows)`` keeps/duplicates batch rows (beam search);
+    ``crop(length)`` forgets positions past ``length`` (rewind).
+    """
+
+    def inputs(self) -> dict[str, Any]: ...
+
+    def update(self, presents: list[Any]) -> None: ...
+
+    def reorder(self, rows: np.ndarray) -> None: ...
+
+    def crop(self, length: int) -> None: ...
+
+    @property
+    def length(self) -> int: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class GenerationContext:
+    """Facts about one request, handed to factories that ask for ``ctx``.
+
+    Attributes:
+        config: the fully resolved generation config of the request.
+        batch_size: rows in the batch (prompts x num_return_sequences).
+        prompt_length: padded prompt length; generated tokens start at this index.
+        vocab_size: width of the scores.
+        eos_token_ids: every id that ends a row (may be empty).
+        pad_token_id: id written into finished rows.
+        max_length: total length (prompt + new tokens) the buffer holds.
+        signature: the model graph's signature (cache backends need it).
+        seed: the request's seed, or None for a fresh random one.
+    """
+
+    config: GenerationConfig
+    batch_size: int
+    prompt_length: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int
+    max_length: int
+    signature: GraphSignature | None = None
+    seed: int | None = None
+    extras: dict[str, Any] = field(default_factory=dict)

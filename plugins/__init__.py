@@ -1,0 +1,10 @@
+"""ortgen's built-in components, registered exactly like a third-party plugin."""
+
+#: Modules registered by name before installed plugins; block one with
+#: ``[plugins] disable = ["ortgen.plugins.caches"]`` or ``make_plugin_manager(disable=...)``.
+BUILTIN_PLUGINS: tuple[str, ...] = (
+    "ortgen.plugins.processors",
+    "ortgen.plugins.samplers",
+    "ortgen.plugins.stopping",
+    "ortgen.plugins.caches",
+)

@@ -1,0 +1,95 @@
+"""Bad input gets a clear error that names the problem (and a non-zero CLI exit)."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+import ortgen
+from ortgen.cli import main
+
+
+@pytest.fixture(scope="module")
+def gen(tiny_model_dirs):
+    return ortgen.load(tiny_model_dirs["llama"][1], threads=1)
+
+
+def test_backbone_is_refused(backbone_dir):
+    with pytest.raises(ortgen.ModelLoadError, match="backbone and cannot generate"):
+        ortgen.load(backbone_dir)
+
+
+def test_graph_without_past_is_refused(no_past_dir):
+    with pytest.raises(ortgen.ModelLoadError, match="no past-key-value inputs"):
+        ortgen.load(no_past_dir)
+
+
+def test_missing_folder(tmp_path):
+    with pytest.raises(ortgen.ModelLoadError, match="does not exist"):
+        ortgen.load(tmp_path / "nope")
+
+
+def test_incomplete_folder(tmp_path, tiny_model_dirs):
+    folder = tmp_path / "partial"
+    shutil.copytree(tiny_model_dirs["llama"][1], folder)
+    (folder / "config.json").unlink()
+    with pytest.raises(ortgen.ModelLoadError, match="no config.json"):
+        ortgen.load(folder)
+    (folder / "model.onnx").unlink()
+    with pytest.raises(ortgen.ModelLoadError, match="no model.onnx"):
+        ortgen.load(folder)
+
+
+@pytest.mark.parametrize("prompt", [[], np.zeros((1, 0), np.int64), [[1, 2], []]])
+def test_empty_prompt(gen, prompt):
+    with pytest.raises(ortgen.InputError, match="empty"):
+        gen.generate(prompt, max_new_tokens=2)
+
+
+def test_text_prompt_without_tokenizer(gen):
+    with pytest.raises(ortgen.InputError, match="needs a tokenizer"):
+        gen.generate("hello", max_new_tokens=2)
+
+
+def test_prompt_longer_than_context(gen):
+    context = gen.model.max_context
+    with pytest.raises(ortgen.InputError, match=f"context is {context} tokens"):
+        gen.generate([1] * (context + 5), max_new_tokens=2)
+
+
+def test_token_ids_out_of_range(gen):
+    with pytest.raises(ortgen.InputError, match="outside"):
+        gen.generate([1, 2, 10**6], max_new_tokens=2)
+
+
+@pytest.mark.parametrize("value", [0, -3])
+def test_max_new_tokens_must_be_positive(gen, value):
+    with pytest.raises(ortgen.ConfigError, match="max_new_tokens must be > 0"):
+        gen.generate([1, 2], max_new_tokens=value)
+
+
+def test_unknown_setting_did_you_mean(gen):
+    with pytest.raises(ortgen.ConfigError, match="unknown setting 'temprature'.*'temperature'"):
+        gen.generate([1, 2], temprature=0.5)
+
+
+def test_every_problem_listed_at_once(gen):
+    with pytest.raises(ortgen.ConfigError) as info:
+        gen.generate([1, 2], top_p=3.0, top_k=-1, max_new_tokens=0)
+    message = str(info.value)
+    assert "top_p" in message and "top_k" in message and "max_new_tokens" in message
+
+
+def test_generation_stops_at_context(gen):
+    context = gen.model.max_context
+    out = gen.generate([1] * (context - 3), max_new_tokens=50, eos_token_id=None)
+    assert len(out.tokens[0]) == 3 and out.finish_reasons == ["length"]
+
+
+def test_cli_errors_exit_non_zero(tmp_path, capsys):
+    assert main(["generate", "hi", "--model", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["config", "show", "--model", str(tmp_path), "--set", "bogus=1"]) == 2
+    assert "unknown setting 'bogus'" in capsys.readouterr().err

@@ -1,0 +1,164 @@
+"""The plugin contract: registration, duplicates, disabling, and failing components."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ortgen
+from ortgen import hookimpl
+from ortgen.plugins import BUILTIN_PLUGINS
+from ortgen.plugin_manager import build_registry, make_plugin_manager
+
+
+class Plugin:
+    """A third-party plugin defined in a test: a processor that bans one token."""
+
+    @hookimpl
+    def register_logits_processors(self, register):
+        register("ban", Ban)
+        register("broken", Broken)
+        register("bad_shape", lambda: (lambda ids, scores: scores[:, :-1]))
+        register("nan", lambda: (lambda ids, scores: np.full_like(scores, np.nan)))
+
+    @hookimpl
+    def register_stopping_criteria(self, register):
+        register("after_three", AfterThree)
+
+
+class Ban:
+    def __init__(self, token: int, *, ctx: ortgen.GenerationContext) -> None:
+        self.token = token
+        self.vocab = ctx.vocab_size
+
+    def __call__(self, input_ids, scores):
+        out = scores.copy()
+        out[:, self.token] = -np.inf
+        return out
+
+
+class Broken:
+    def __call__(self, input_ids, scores):
+        raise RuntimeError("boom")
+
+
+class AfterThree:
+    finish_reason = "three"
+
+    def __init__(self, *, ctx):
+        self.start = ctx.prompt_length
+
+    def __call__(self, input_ids, scores):
+        return np.full(input_ids.shape[0], input_ids.shape[1] - self.start >= 3)
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tiny_model_dirs):
+    return tiny_model_dirs["llama"][1]
+
+
+def test_builtins_register_like_any_plugin():
+    registry = build_registry(make_plugin_manager(load_entry_points=False))
+    for kind, names in {
+        "logits_processor": {"temperature", "top_k", "top_p"},
+        "sampler": {"greedy", "multinomial"},
+        "stopping_criterion": {"eos", "max_length"},
+        "kv_cache": {"dynamic"},
+    }.items():
+        assert names <= set(registry.names(kind))
+        assert {e.plugin for e in registry.entries(kind)} <= set(BUILTIN_PLUGINS)
+
+
+def test_duplicate_name_is_an_error_naming_both():
+    class Dup:
+        @hookimpl
+        def register_samplers(self, register):
+            register("greedy", lambda: None)
+
+    pm = make_plugin_manager(load_entry_points=False, extra=[Dup()])
+    with pytest.raises(ortgen.PluginError, match=r"'greedy' is registered twice.*samplers"):
+        build_registry(pm)
+
+
+def test_replace_true_overrides():
+    class Override:
+        @hookimpl
+        def register_samplers(self, register):
+            register("greedy", lambda: None, replace=True)
+
+    registry = build_registry(make_plugin_manager(load_entry_points=False, extra=[Override()]))
+    assert registry.get("sampler", "greedy").plugin != "ortgen.plugins.samplers"
+
+
+def test_disable_blocks_a_builtin():
+    pm = make_plugin_manager(load_entry_points=False, disable=["ortgen.plugins.processors"])
+    registry = build_registry(pm)
+    assert "top_k" not in registry.names("logits_processor")
+    with pytest.raises(ortgen.ConfigError, match="unknown logits_processor 'top_k'"):
+        registry.get("logits_processor", "top_k")
+
+
+def test_explicit_processor_from_config_changes_output(llama_dir):
+    gen = ortgen.load(llama_dir, plugins=[Plugin()])
+    prompt = [5, 17, 42]
+    plain = gen.generate(prompt, max_new_tokens=4, eos_token_id=None).tokens[0]
+    banned = plain[0]
+    out = gen.generate(
+        prompt,
+        max_new_tokens=4,
+        eos_token_id=None,
+        logits_processors=[{"name": "ban", "token": banned}],
+    )
+    assert banned not in out.tokens[0]
+
+
+def test_explicit_stopping_criterion_reports_its_reason(llama_dir):
+    gen = ortgen.load(llama_dir, plugins=[Plugin()])
+    out = gen.generate([5, 17], max_new_tokens=10, eos_token_id=None,
+                       stopping_criteria=["after_three"])
+    assert len(out.tokens[0]) == 3 and out.finish_reasons == ["three"]
+
+
+def test_unknown_parameter_is_named(llama_dir):
+    gen = ortgen.load(llama_dir, plugins=[Plugin()])
+    with pytest.raises(ortgen.ConfigError, match="does not take parameter.*'tokn'"):
+        gen.generate([5], max_new_tokens=2, logits_processors=[{"name": "ban", "tokn": 1}])
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("broken", r"'broken' failed at step 0: RuntimeError: boom"),
+        ("bad_shape", r"'bad_shape' returned"),
+        ("nan", r"NaN everywhere at step 0 after nan"),
+    ],
+)
+def test_failing_component_is_named_and_request_fails_cleanly(llama_dir, name, message):
+    gen = ortgen.load(llama_dir, plugins=[Plugin()])
+    with pytest.raises(ortgen.ComponentError, match=message):
+        gen.generate([5, 17], max_new_tokens=3, logits_processors=[name])
+    # the generator is unaffected: the next request works
+    assert len(gen.generate([5, 17], max_new_tokens=3, eos_token_id=None).tokens[0]) == 3
+
+
+def test_partial_output_is_kept_when_a_component_fails_mid_request(llama_dir):
+    class FailLater:
+        def __init__(self):
+            self.calls = 0
+
+        def __call__(self, ids, scores):
+            self.calls += 1
+            if self.calls == 3:
+                raise ValueError("third call")
+            return scores
+
+    class P:
+        @hookimpl
+        def register_logits_processors(self, register):
+            register("fail_later", FailLater)
+
+    gen = ortgen.load(llama_dir, plugins=[P()])
+    with pytest.raises(ortgen.ComponentError) as info:
+        gen.generate([5, 17], max_new_tokens=8, eos_token_id=None, logits_processors=["fail_later"])
+    partial = info.value.partial
+    assert len(partial.tokens[0]) == 2 and partial.finish_reasons == ["error"]
