@@ -277,7 +277,7 @@ class _StopWatch:
             if row in self._cuts:
                 continue
             piece = self._detoks[row].push(token)
-            start = max(0, len(self._texts[row]) - self.matcher.longest)
+            start = len(self._texts[row])  # find() reaches back over the boundary itself
             self._texts[row] += piece
             cut = self.matcher.find(self._texts[row], start)
             if cut is not None:

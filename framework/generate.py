@@ -77,9 +77,10 @@ class Generation:
             raise InputError("generation is finished; append() more tokens to continue")
         scores = self._forward()
         input_ids = self.ids[:, : self.length]
+        shape = scores.shape
         for name, processor in self.chain.processors:
             scores = self._call("logits processor", name, processor, input_ids, scores)
-            _check_scores(name, scores, self.batch_size, self.steps)
+            _check_scores(name, scores, shape, self.steps)
         _check_not_nan(scores, self.chain, self.steps)
         sampler_name, sampler = self.chain.sampler
         next_ids = self._call("sampler", sampler_name, sampler, input_ids, scores)
@@ -191,12 +192,12 @@ class Generation:
             ) from exc
 
 
-def _check_scores(name: str, scores: object, batch: int, step: int) -> None:
-    if not isinstance(scores, np.ndarray) or scores.ndim != 2 or scores.shape[0] != batch:
-        shape = getattr(scores, "shape", type(scores).__name__)
+def _check_scores(name: str, scores: object, shape: tuple[int, ...], step: int) -> None:
+    if not isinstance(scores, np.ndarray) or scores.shape != shape:
+        got = getattr(scores, "shape", type(scores).__name__)
         raise ComponentError(
-            f"logits processor {name!r} returned {shape} at step {step}; expected a float "
-            f"array of shape ({batch}, vocab)"
+            f"logits processor {name!r} returned {got} at step {step}; expected a float "
+            f"array of shape {shape}"
         )
     if scores.dtype.kind != "f":
         raise ComponentError(

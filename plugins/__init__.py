@@ -5,6 +5,7 @@
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "ortgen.plugins.processors",
     "ortgen.plugins.samplers",
+    "ortgen.plugins.constraints",
     "ortgen.plugins.stopping",
     "ortgen.plugins.caches",
 )

@@ -1,0 +1,364 @@
+"""Built-in sampling warpers: temperature, top-k, top-p, min-p and typical-p.
+
+Each one reproduces the Hugging Face ``*LogitsWarper`` of the same name
+(transformers 4.57, ``generation/logits_process.py``): the same parameters, the
+same range checks in ``__init__`` (raising :class:`ortgen.ConfigError`) and the
+same output for the same scores, up to float32 rounding at a cut-off. One
+deliberate difference: the value Hugging Face's ``generate()`` treats as "off"
+(``top_k=0``, ``top_p=1.0``, ``typical_p=1.0``) is accepted and gives an
+unchanged copy, so a config can always be passed through.
+
+They are pure numpy: no Python loop over rows or tokens, and no full sort of the
+vocabulary where a partition finds the same tokens. Every ``__call__`` returns a
+new float32 array and leaves its inputs alone.
+
+Ties: Hugging Face cuts top-p and typical-p in the order of ``torch.sort``, which
+is not stable, so when tied logits straddle the cut it is unspecified which of
+them survive. Here the choice is deterministic: top-p keeps the lower token ids,
+typical-p keeps the earlier ones in a stable sort of the candidates.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+
+import numpy as np
+
+from ortgen import ConfigError, hookimpl
+
+_NEG_INF = np.float32(-np.inf)
+_NEG_INF_BITS = _NEG_INF.view(np.int32)
+# Candidate counts tried before falling back to a full sort of the vocabulary.
+_CANDIDATE_TIERS = (1024, 8192)
+# Width of the blocks cumulative sums are searched in (see _count_prefix).
+_BLOCK = 256
+
+
+@hookimpl
+def register_logits_processors(register):  # type: ignore[no-untyped-def]
+    register("temperature", TemperatureProcessor)
+    register("top_k", TopKProcessor)
+    register("top_p", TopPProcessor)
+    register("min_p", MinPProcessor)
+    register("typical_p", TypicalPProcessor)
+
+
+# --- argument checks (messages follow transformers' own) ---------------------
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def _as_float(name: str, value: object, expected: str) -> float:
+    """``value`` as a finite float, or ConfigError naming ``name`` and ``expected``."""
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
+        result = float(value)
+        if math.isfinite(result):
+            return result
+    raise ConfigError(f"`{name}` has to be {expected}, but is {value!r}")
+
+
+def _check_min_tokens_to_keep(value: object) -> int:
+    if not _is_int(value) or value < 1:  # type: ignore[operator]
+        raise ConfigError(
+            f"`min_tokens_to_keep` has to be a positive integer (>= 1), but is {value!r}"
+        )
+    return int(value)  # type: ignore[arg-type]
+
+
+# --- numeric helpers -----------------------------------------------------------
+
+
+def _f32(scores: np.ndarray) -> np.ndarray:
+    return np.asarray(scores, dtype=np.float32)
+
+
+def _fill(scores: np.ndarray, remove: np.ndarray) -> np.ndarray:
+    """A new array: ``scores`` with ``-inf`` where ``remove`` is True.
+
+    Same result as ``np.where(remove, -inf, scores)``, computed on the bit
+    patterns without branches: np.where takes ~6x longer when the mask is
+    irregular (a flat distribution cut in the middle).
+    """
+    bits = scores.view(np.int32)
+    select = -remove.view(np.int8).astype(np.int32)  # 0 keeps, -1 (all bits) replaces
+    out = np.bitwise_xor(bits, _NEG_INF_BITS)
+    out &= select
+    out ^= bits
+    return out.view(np.float32)
+
+
+def _rows(batch: int) -> np.ndarray:
+    return np.arange(batch)[:, None]
+
+
+def _count_prefix(
+    weights: np.ndarray,
+    limit: np.float32,
+    *,
+    offset: np.ndarray | float = 0.0,
+    total: np.ndarray | float = 1.0,
+    strict: bool = False,
+) -> np.ndarray:
+    """Per row, how many prefix sums ``offset + cumsum(weights) / total`` are <= ``limit``.
+
+    (``<`` when ``strict``.) Sums are float64 and compared in float32, as torch's
+    CPU cumsum and comparison do. ``weights`` (B, N) are >= 0, so the prefix sums
+    never decrease: block sums (a fast vectorised reduction) find the block where
+    the count ends and only that block is accumulated; numpy's cumsum over the
+    whole row is several times slower.
+    """
+    batch, n = weights.shape
+    compare = np.less if strict else np.less_equal
+    starts = np.arange(0, n, _BLOCK)
+    before = np.cumsum(np.add.reduceat(weights, starts, axis=-1, dtype=np.float64), axis=-1)
+    whole = compare((offset + before / total).astype(np.float32), limit).sum(axis=-1)
+    block = np.minimum(whole, starts.size - 1)  # the block where the count ends
+    rows = np.arange(batch)[:, None]
+    cols = starts[block][:, None] + np.arange(_BLOCK)
+    inside = np.where(cols < n, weights[rows, np.minimum(cols, n - 1)], 0).astype(np.float64)
+    base = np.where(block > 0, before[rows[:, 0], block - 1], 0.0)[:, None]
+    prefix = offset + (base + np.cumsum(inside, axis=-1)) / total
+    count = starts[block] + compare(prefix.astype(np.float32), limit).sum(axis=-1)
+    return np.minimum(count, n)
+
+
+def _tiers(vocab: int, minimum: int) -> list[int]:
+    """Candidate counts to try, smallest first, ending with the whole vocabulary."""
+    return [m for m in _CANDIDATE_TIERS if minimum <= m < vocab] + [vocab]
+
+
+def _row_max(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row max (B, 1) and whether the row has a softmax at all.
+
+    A row with a NaN, a +inf or only -inf has a NaN softmax in torch, and the
+    HF warpers then remove nothing from it; their max is replaced by 0 here.
+    """
+    top = scores.max(axis=-1, keepdims=True)  # NaN propagates
+    valid = np.isfinite(top[:, 0])
+    top[~valid] = 0
+    return top, valid
+
+
+def _on_present(scores: np.ndarray, cut: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """``cut(scores)``, computed on the scores that are not -inf when those are few.
+
+    A -inf score has probability 0 and stays -inf whatever a cut-off decides, so
+    top-p after top-k(50) over a 49152-token vocabulary is a top-p over 50
+    scores. (np.partition is also slow on many equal values.)
+    """
+    batch, vocab = scores.shape
+    present = scores != _NEG_INF  # NaN counts as present: it makes its row invalid
+    if np.count_nonzero(present) * 16 > scores.size:
+        return cut(scores)
+    flat = np.flatnonzero(present)
+    rows, cols = np.divmod(flat, vocab)
+    counts = np.bincount(rows, minlength=batch)
+    pos = np.arange(flat.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    packed = np.full((batch, max(int(counts.max()), 1)), _NEG_INF)
+    packed[rows, pos] = scores.reshape(-1)[flat]
+    out = np.full_like(scores, _NEG_INF)
+    out[rows, cols] = cut(packed)[rows, pos]
+    return out
+
+
+# --- processors -----------------------------------------------------------------
+
+
+class TemperatureProcessor:
+    """``scores / temperature`` (TemperatureLogitsWarper)."""
+
+    def __init__(self, temperature: float) -> None:
+        expected = "a strictly positive float (> 0)"
+        value = _as_float("temperature", temperature, expected)
+        if not value > 0:
+            hint = " For greedy decoding, set `do_sample=False` instead." if value == 0 else ""
+            raise ConfigError(f"`temperature` has to be {expected}, but is {temperature!r}.{hint}")
+        self.temperature = value
+
+    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        scores = _f32(scores)
+        if self.temperature == 1.0:
+            return scores.copy()
+        return scores / self.temperature  # float32, divided by float32(temperature) as torch does
+
+
+class TopKProcessor:
+    """Keep the ``top_k`` highest scores and every score tied with the k-th (TopKLogitsWarper).
+
+    ``k = max(top_k, min_tokens_to_keep)``; ``top_k=0`` disables it. The k-th
+    value comes from ``np.partition`` (NaN ranks highest, as in ``torch.topk``).
+    """
+
+    def __init__(self, top_k: int, min_tokens_to_keep: int = 1) -> None:
+        if not _is_int(top_k) or top_k < 0:
+            raise ConfigError(
+                f"`top_k` has to be a strictly positive integer (or 0 to disable), but is {top_k!r}"
+            )
+        self.top_k = int(top_k)
+        self.min_tokens_to_keep = _check_min_tokens_to_keep(min_tokens_to_keep)
+        self._k = max(self.top_k, self.min_tokens_to_keep) if self.top_k else 0
+
+    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        scores = _f32(scores)
+        vocab = scores.shape[-1]
+        k = min(self._k, vocab)
+        if k == 0 or k == vocab:
+            return scores.copy()
+        kth = np.partition(scores, vocab - k, axis=-1)[:, vocab - k, None]
+        return _fill(scores, scores < kth)
+
+
+class TopPProcessor:
+    """Keep the smallest set of most probable tokens whose probability reaches ``top_p``.
+
+    TopPLogitsWarper: softmax, sort ascending, cumulative sum, remove tokens
+    whose cumulative probability is ``<= 1 - top_p``, never the last
+    ``min_tokens_to_keep``. Only the highest 1024 (then 8192) scores are sorted
+    when everything below them is removed anyway; otherwise the whole row is
+    sorted. Ties at the cut keep the lower token ids.
+    """
+
+    def __init__(self, top_p: float, min_tokens_to_keep: int = 1) -> None:
+        expected = "a float in the [0, 1] interval"
+        value = _as_float("top_p", top_p, expected)
+        if not 0.0 <= value <= 1.0:
+            raise ConfigError(f"`top_p` has to be {expected}, but is {top_p!r}")
+        self.top_p = value
+        self.min_tokens_to_keep = _check_min_tokens_to_keep(min_tokens_to_keep)
+
+    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        scores = _f32(scores)
+        if self.top_p == 1.0:
+            return scores.copy()
+        return _on_present(scores, self._cut)
+
+    def _cut(self, scores: np.ndarray) -> np.ndarray:
+        batch, vocab = scores.shape
+        keep = min(self.min_tokens_to_keep, vocab)
+        limit = np.float32(1.0 - self.top_p)  # torch compares in float32 too
+        top, valid = _row_max(scores)
+        with np.errstate(over="ignore", invalid="ignore"):  # only in invalid rows
+            total = np.exp(scores - top).astype(np.float64).sum(axis=-1, keepdims=True)
+            for size in _tiers(vocab, keep + 1):
+                if size < vocab:
+                    part = np.partition(scores, vocab - size, axis=-1)[:, vocab - size :]
+                    probs = np.exp(part - top).astype(np.float64) / total
+                    below = 1.0 - probs.sum(axis=-1, keepdims=True)  # mass under the candidates
+                    # part[:, 0] is the lowest candidate; once even it is removed, so is
+                    # everything under it, and the candidates decide the cut.
+                    lowest = (below[:, 0] + probs[:, 0]).astype(np.float32)
+                    if not np.all((lowest <= limit) | ~valid):
+                        continue
+                    cand = np.sort(part, axis=-1)
+                else:
+                    cand, below = np.sort(scores, axis=-1), 0.0
+                weights = np.exp(cand - top)
+                n_removed = _count_prefix(weights, limit, offset=below, total=total)
+                n_removed = np.minimum(n_removed, size - keep)
+                n_removed[~valid] = 0
+                break
+
+        rows = np.arange(batch)
+        cut = cand[rows, n_removed]  # the lowest kept score
+        cut[~valid] = -np.inf
+        out = _fill(scores, scores < cut[:, None])
+        # Equal scores straddling the cut: keep only as many as the sorted order did.
+        straddle = (n_removed > 0) & (cand[rows, np.maximum(n_removed - 1, 0)] == cut)
+        for row in np.flatnonzero(straddle):
+            n_kept = np.searchsorted(cand[row], cut[row], side="right") - n_removed[row]
+            tied = np.flatnonzero(scores[row] == cut[row])
+            out[row, tied[n_kept:]] = _NEG_INF
+        return out
+
+
+class MinPProcessor:
+    """Remove tokens whose probability is below ``min_p`` times the top probability.
+
+    MinPLogitsWarper. ``p < min_p * p_max`` is ``score - max < log(min_p)``,
+    which needs no softmax; the ``min_tokens_to_keep`` highest are always kept.
+    """
+
+    def __init__(self, min_p: float, min_tokens_to_keep: int = 1) -> None:
+        expected = "a float in the [0, 1] interval"
+        value = _as_float("min_p", min_p, expected)
+        if not 0.0 <= value <= 1.0:
+            raise ConfigError(f"`min_p` has to be {expected}, but is {min_p!r}")
+        self.min_p = value
+        self.min_tokens_to_keep = _check_min_tokens_to_keep(min_tokens_to_keep)
+        self._log_min_p = math.log(value) if value > 0 else -math.inf
+
+    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        scores = _f32(scores)
+        if self.min_p == 0.0:
+            return scores.copy()
+        top = scores.max(axis=-1, keepdims=True)
+        # NaN, +inf or all -inf in a row: HF's softmax is NaN there and removes nothing.
+        threshold = np.where(np.isfinite(top), top + np.float32(self._log_min_p), _NEG_INF)
+        remove = scores < threshold
+        keep = min(self.min_tokens_to_keep, scores.shape[-1])
+        if keep > 1:  # the top token always survives, so only keep > 1 needs a fix-up
+            short = np.flatnonzero(scores.shape[-1] - remove.sum(axis=-1) < keep)
+            if short.size:
+                best = np.argpartition(-scores[short], keep - 1, axis=-1)[:, :keep]
+                remove[short[:, None], best] = False
+        return _fill(scores, remove)
+
+
+class TypicalPProcessor:
+    """Locally typical sampling (TypicalLogitsWarper), parameter ``typical_p`` (HF's ``mass``).
+
+    Tokens are ranked by how far their surprisal is from the entropy; the
+    closest ones are kept until their probability reaches ``typical_p``, plus
+    every token as close as the last one kept. Only the closest 1024 (then
+    8192) are sorted when they already reach the mass.
+    """
+
+    def __init__(self, typical_p: float = 0.9, min_tokens_to_keep: int = 1) -> None:
+        expected = "a float in the (0, 1] interval"
+        value = _as_float("typical_p", typical_p, expected)
+        if not 0.0 < value <= 1.0:
+            raise ConfigError(f"`typical_p` has to be {expected}, but is {typical_p!r}")
+        self.typical_p = value
+        self.min_tokens_to_keep = _check_min_tokens_to_keep(min_tokens_to_keep)
+
+    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        scores = _f32(scores)
+        if self.typical_p == 1.0:
+            return scores.copy()
+        return _on_present(scores, self._cut)
+
+    def _cut(self, scores: np.ndarray) -> np.ndarray:
+        batch, vocab = scores.shape
+        mass = np.float32(self.typical_p)
+        top, valid = _row_max(scores)
+        # -inf * 0 for removed tokens (skipped by nansum); NaN and overflow only in invalid rows
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            shifted = scores - top
+            log_probs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+            probs = np.exp(log_probs)
+            entropy = -np.nansum(log_probs * probs, axis=-1, keepdims=True)
+            distance = np.abs(-log_probs - entropy)
+
+        rows = _rows(batch)
+        for size in _tiers(vocab, self.min_tokens_to_keep):
+            if size < vocab:
+                cand = np.argpartition(distance, size - 1, axis=-1)[:, :size]
+                reached = probs[rows, cand].astype(np.float64).sum(axis=-1).astype(np.float32)
+                if not np.all((reached >= mass) | ~valid):
+                    continue
+                cand = cand[rows, np.argsort(distance[rows, cand], axis=-1)]
+            else:
+                cand = np.argsort(distance, axis=-1)
+            break
+
+        # HF clamps to vocab - 1; a partial candidate set can only need it in rounding cases
+        last = np.minimum(_count_prefix(probs[rows, cand], mass, strict=True), size - 1)
+        limit = distance[rows[:, 0], cand[rows[:, 0], last]]
+        limit[~valid] = np.inf
+        remove = distance > limit[:, None]
+        remove[rows, cand[:, : self.min_tokens_to_keep]] = False
+        return _fill(scores, remove)

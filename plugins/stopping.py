@@ -1,0 +1,109 @@
+"""Built-in stopping criteria: ``eos``, ``max_length`` and ``max_time``.
+
+Each is called after the new token was appended (``input_ids`` includes it) and
+returns one bool per row, True where that row is finished, as Hugging Face's
+``EosTokenCriteria``, ``MaxLengthCriteria`` and ``MaxTimeCriteria`` do. The
+``finish_reason`` class attribute is what the loop reports for those rows.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from ortgen import ConfigError, GenerationContext, hookimpl
+
+
+@hookimpl
+def register_stopping_criteria(register):  # type: ignore[no-untyped-def]
+    register("eos", EosCriterion)
+    register("max_length", MaxLengthCriterion)
+    register("max_time", MaxTimeCriterion)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+class EosCriterion:
+    """True where the last token is one of the EOS ids (EosTokenCriteria).
+
+    ``eos_token_id`` is an int or a non-empty list of ints; when it is None the
+    request's EOS ids (``ctx.eos_token_ids``) are used, and there must be some.
+    """
+
+    finish_reason = "eos"
+
+    def __init__(
+        self, eos_token_id: int | list[int] | None = None, *, ctx: GenerationContext | None = None
+    ) -> None:
+        value = eos_token_id
+        if value is None and ctx is not None:
+            value = list(ctx.eos_token_ids)
+        ids = [value] if _is_int(value) else value
+        if (
+            not isinstance(ids, Sequence)
+            or isinstance(ids, str)
+            or not all(_is_int(i) and i >= 0 for i in ids)
+        ):
+            raise ConfigError(
+                "`eos_token_id` has to be a non-negative integer or a non-empty list of them, "
+                f"but is {eos_token_id!r}"
+            )
+        if len(ids) == 0:
+            given = "the request has no EOS ids" if eos_token_id is None else "it is []"
+            raise ConfigError(
+                "`eos_token_id` has to name at least one token for the `eos` criterion, "
+                f"but {given}"
+            )
+        self.eos_token_id = tuple(int(i) for i in ids)
+        self._ids = np.array(self.eos_token_id, dtype=np.int64)
+
+    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        last = input_ids[:, -1]
+        if self._ids.size == 1:
+            return last == self._ids[0]
+        return (last[:, None] == self._ids).any(axis=-1)  # np.isin is slower for a few ids
+
+
+class MaxLengthCriterion:
+    """All rows finished once prompt + new tokens reach ``max_length`` (MaxLengthCriteria)."""
+
+    finish_reason = "length"
+
+    def __init__(self, max_length: int) -> None:
+        if not _is_int(max_length) or max_length < 1:
+            raise ConfigError(
+                f"`max_length` has to be a positive integer (>= 1), but is {max_length!r}"
+            )
+        self.max_length = int(max_length)
+
+    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        return np.full(input_ids.shape[0], input_ids.shape[1] >= self.max_length, dtype=bool)
+
+
+class MaxTimeCriterion:
+    """All rows finished once ``max_time`` seconds passed since construction (MaxTimeCriteria).
+
+    The factory runs when the request starts, so the clock covers the whole
+    request; it uses ``time.monotonic`` (HF uses the wall clock).
+    """
+
+    finish_reason = "time"
+
+    def __init__(self, max_time: float) -> None:
+        ok = isinstance(max_time, numbers.Real) and not isinstance(max_time, bool)
+        if not ok or not (math.isfinite(max_time) and max_time >= 0):
+            raise ConfigError(
+                f"`max_time` has to be a non-negative number of seconds, but is {max_time!r}"
+            )
+        self.max_time = float(max_time)
+        self.start = time.monotonic()
+
+    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        done = time.monotonic() - self.start > self.max_time
+        return np.full(input_ids.shape[0], done, dtype=bool)

