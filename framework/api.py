@@ -18,13 +18,15 @@ import numpy as np
 
 from . import config as config_mod
 from .chain import build_chain
+from .detokenizer import IncrementalDetokenizer
 from .errors import ComponentError, InputError, ModelLoadError
 from .generate import Generation
 from .model import ExportedModel
 from .paths import default_model_dir
 from .plugin_manager import build_registry, make_plugin_manager
 from .protocols import GenerationContext
-from .text import IncrementalDetokenizer, StopStringMatcher, Tokenizer, load_tokenizer
+from .stop_strings import StopStringMatcher
+from .tokenizer import Tokenizer, load_tokenizer
 
 Prompt = str | Sequence[int] | np.ndarray
 Prompts = Prompt | Sequence[str] | Sequence[Sequence[int]]

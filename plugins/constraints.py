@@ -163,8 +163,9 @@ class BadWordsProcessor:
     A one-token sequence is always forbidden; a longer one only when the row ends
     with all but its last token (and, as in HF, only once the row is at least as
     long as the sequence). One-token sequences equal to an EOS id are dropped, as
-    HF does; if that leaves nothing, the processor changes nothing (HF raises
-    there). Forbidding adds ``-inf``, as HF's sequence bias does.
+    HF does (if that leaves nothing, nothing is forbidden). Forbidding adds
+    ``-inf``, as HF's sequence bias does. An empty word is refused here (HF
+    accepts it and fails at the first call).
     """
 
     def __init__(

@@ -12,10 +12,11 @@ They are pure numpy: no Python loop over rows or tokens, and no full sort of the
 vocabulary where a partition finds the same tokens. Every ``__call__`` returns a
 new float32 array and leaves its inputs alone.
 
-Ties: Hugging Face cuts top-p and typical-p in the order of ``torch.sort``, which
-is not stable, so when tied logits straddle the cut it is unspecified which of
-them survive. Here the choice is deterministic: top-p keeps the lower token ids,
-typical-p keeps the earlier ones in a stable sort of the candidates.
+Ties: Hugging Face cuts top-p in the order of ``torch.sort``, which is stable on
+short rows only, so when equal scores straddle the cut it is unspecified which of
+them survive. Here the choice is that of a stable ascending sort (the lower ids
+among equal scores are removed first), which is what HF does on short rows.
+Typical-p's cut depends on ties only through ``min_tokens_to_keep``.
 """
 
 from __future__ import annotations
@@ -135,12 +136,10 @@ def _row_max(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-row max (B, 1) and whether the row has a softmax at all.
 
     A row with a NaN, a +inf or only -inf has a NaN softmax in torch, and the
-    HF warpers then remove nothing from it; their max is replaced by 0 here.
+    HF warpers then remove nothing from it.
     """
     top = scores.max(axis=-1, keepdims=True)  # NaN propagates
-    valid = np.isfinite(top[:, 0])
-    top[~valid] = 0
-    return top, valid
+    return top, np.isfinite(top[:, 0])
 
 
 def _on_present(scores: np.ndarray, cut: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
@@ -219,7 +218,7 @@ class TopPProcessor:
     whose cumulative probability is ``<= 1 - top_p``, never the last
     ``min_tokens_to_keep``. Only the highest 1024 (then 8192) scores are sorted
     when everything below them is removed anyway; otherwise the whole row is
-    sorted. Ties at the cut keep the lower token ids.
+    sorted. Among equal scores at the cut, the lower ids are removed first.
     """
 
     def __init__(self, top_p: float, min_tokens_to_keep: int = 1) -> None:
@@ -266,12 +265,13 @@ class TopPProcessor:
         cut = cand[rows, n_removed]  # the lowest kept score
         cut[~valid] = -np.inf
         out = _fill(scores, scores < cut[:, None])
-        # Equal scores straddling the cut: keep only as many as the sorted order did.
+        # Equal scores straddling the cut: keep as many as the sorted order did, the
+        # highest ids (a stable ascending sort puts the lower ids first, under the cut).
         straddle = (n_removed > 0) & (cand[rows, np.maximum(n_removed - 1, 0)] == cut)
         for row in np.flatnonzero(straddle):
             n_kept = np.searchsorted(cand[row], cut[row], side="right") - n_removed[row]
             tied = np.flatnonzero(scores[row] == cut[row])
-            out[row, tied[n_kept:]] = _NEG_INF
+            out[row, tied[: tied.size - n_kept]] = _NEG_INF
         return out
 
 

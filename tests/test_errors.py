@@ -35,10 +35,10 @@ def test_incomplete_folder(tmp_path, tiny_model_dirs):
     folder = tmp_path / "partial"
     shutil.copytree(tiny_model_dirs["llama"][1], folder)
     (folder / "config.json").unlink()
-    with pytest.raises(ortgen.ModelLoadError, match="no config.json"):
+    with pytest.raises(ortgen.ModelLoadError, match=r"no config\.json"):
         ortgen.load(folder)
     (folder / "model.onnx").unlink()
-    with pytest.raises(ortgen.ModelLoadError, match="no model.onnx"):
+    with pytest.raises(ortgen.ModelLoadError, match=r"no model\.onnx"):
         ortgen.load(folder)
 
 
@@ -71,7 +71,7 @@ def test_max_new_tokens_must_be_positive(gen, value):
 
 
 def test_unknown_setting_did_you_mean(gen):
-    with pytest.raises(ortgen.ConfigError, match="unknown setting 'temprature'.*'temperature'"):
+    with pytest.raises(ortgen.ConfigError, match=r"unknown setting 'temprature'.*'temperature'"):
         gen.generate([1, 2], temprature=0.5)
 
 

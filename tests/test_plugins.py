@@ -7,8 +7,8 @@ import pytest
 
 import ortgen
 from ortgen import hookimpl
-from ortgen.plugins import BUILTIN_PLUGINS
 from ortgen.plugin_manager import build_registry, make_plugin_manager
+from ortgen.plugins import BUILTIN_PLUGINS
 
 
 class Plugin:
@@ -18,8 +18,8 @@ class Plugin:
     def register_logits_processors(self, register):
         register("ban", Ban)
         register("broken", Broken)
-        register("bad_shape", lambda: (lambda ids, scores: scores[:, :-1]))
-        register("nan", lambda: (lambda ids, scores: np.full_like(scores, np.nan)))
+        register("bad_shape", lambda: lambda ids, scores: scores[:, :-1])
+        register("nan", lambda: lambda ids, scores: np.full_like(scores, np.nan))
 
     @hookimpl
     def register_stopping_criteria(self, register):
@@ -114,14 +114,15 @@ def test_explicit_processor_from_config_changes_output(llama_dir):
 
 def test_explicit_stopping_criterion_reports_its_reason(llama_dir):
     gen = ortgen.load(llama_dir, plugins=[Plugin()])
-    out = gen.generate([5, 17], max_new_tokens=10, eos_token_id=None,
-                       stopping_criteria=["after_three"])
+    out = gen.generate(
+        [5, 17], max_new_tokens=10, eos_token_id=None, stopping_criteria=["after_three"]
+    )
     assert len(out.tokens[0]) == 3 and out.finish_reasons == ["three"]
 
 
 def test_unknown_parameter_is_named(llama_dir):
     gen = ortgen.load(llama_dir, plugins=[Plugin()])
-    with pytest.raises(ortgen.ConfigError, match="does not take parameter.*'tokn'"):
+    with pytest.raises(ortgen.ConfigError, match=r"does not take parameter.*'tokn'"):
         gen.generate([5], max_new_tokens=2, logits_processors=[{"name": "ban", "tokn": 1}])
 
 

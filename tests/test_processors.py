@@ -136,13 +136,51 @@ def test_typical_p_large_vocab_differs_from_hf_only_at_float32_noise(scale, mass
         assert np.all(np.abs(distance[row, differ] - kept.max()) < 1e-4)
 
 
-def test_top_p_ties_at_the_cut_keep_the_lower_token_ids():
+def test_top_p_ties_at_the_cut_remove_the_lower_ids_first():
+    """As a stable ascending sort does; torch's sort is stable on short rows like this."""
     # probabilities 0.1, 0.2 x4, 0.1 over 6 tokens: top_p=0.5 keeps 3 of the four 0.2s
     scores = np.log(np.array([[0.1, 0.2, 0.2, 0.1, 0.2, 0.2]], dtype=np.float32))
     ours = P.TopPProcessor(0.5)(IDS, scores)
-    theirs = hf_apply(hf.TopPLogitsWarper(0.5), scores)
-    assert np.isfinite(ours).sum() == np.isfinite(theirs).sum() == 3
-    assert np.flatnonzero(np.isfinite(ours[0])).tolist() == [1, 2, 4]
+    assert_same(ours, hf_apply(hf.TopPLogitsWarper(0.5), scores))
+    assert np.flatnonzero(np.isfinite(ours[0])).tolist() == [2, 4, 5]
+
+
+def test_top_p_ties_on_a_long_row_keep_as_many_as_hf():
+    """On long rows torch's sort is not stable: only the number kept is defined."""
+    rng = np.random.default_rng(4)
+    scores = rng.integers(0, 6, (3, 3000)).astype(np.float32)
+    ours = P.TopPProcessor(0.3)(IDS, scores)
+    theirs = hf_apply(hf.TopPLogitsWarper(0.3), scores)
+    np.testing.assert_array_equal(np.isfinite(ours).sum(-1), np.isfinite(theirs).sum(-1))
+    for row, kept in zip(scores, np.isfinite(ours), strict=True):
+        cut = row[kept].min()
+        assert np.all(row[~kept] <= cut)
+        ties = np.flatnonzero(row == cut)
+        assert kept[ties].sum() < ties.size  # the cut falls inside a tie group here
+        assert np.all(np.diff(kept[ties].astype(int)) >= 0)  # lower ids removed first
+
+
+def test_top_p_removes_a_cumulative_probability_equal_to_the_limit():
+    # four equal scores: probabilities exactly 0.25, cumulative 0.25, 0.5 (== 1 - top_p), ...
+    scores = np.zeros((1, 4), np.float32)
+    ours = P.TopPProcessor(0.5)(IDS, scores)
+    assert_same(ours, hf_apply(hf.TopPLogitsWarper(0.5), scores))
+    assert np.isfinite(ours).sum() == 2
+
+
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("n", [1, 255, 256, 257, 1000])
+def test_count_prefix_matches_a_plain_cumsum(strict, n):
+    """The block-wise prefix search, on exact binary fractions so that equality occurs."""
+    rng = np.random.default_rng(n)
+    weights = rng.integers(0, 4, (3, n)).astype(np.float32) / 8
+    total = weights.sum(axis=-1, keepdims=True, dtype=np.float64)
+    offset = np.array([[0.0], [0.125], [0.5]])
+    cum = (offset + np.cumsum(weights.astype(np.float64), axis=-1) / total).astype(np.float32)
+    for limit in np.float32([0.0, 0.125, 0.5, 0.625, 1.0, 2.0]):
+        expected = (cum < limit if strict else cum <= limit).sum(axis=-1)
+        got = P._count_prefix(weights, limit, offset=offset, total=total, strict=strict)
+        np.testing.assert_array_equal(got, expected)
 
 
 def test_top_k_keeps_every_score_tied_with_the_kth():

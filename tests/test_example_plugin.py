@@ -1,0 +1,171 @@
+"""The example plugin package, installed for real and found through its entry point.
+
+``examples/ortgen-plugin-example`` is pip-installed into a temporary folder, and a
+fresh interpreter with only that folder on ``PYTHONPATH`` must discover it the way
+a user's install would: ``ortgen plugins --json`` lists its components under the
+plugin name ``example`` (the entry-point name), and ``ortgen.load()`` (with no
+``plugins=`` argument) can use them, with exactly the effect docs/plugins.md
+describes. The model is the tiny random llama (vocabulary 256, no tokenizer), so
+prompts are token ids and decoding is greedy, which makes every effect exact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ortgen-plugin-example"
+PROMPTS = [[5, 6, 7], [9, 10, 11, 12]]
+NEW_TOKENS = 16
+
+# Runs in the subprocess: argv[1] is the model folder, argv[2] the prompts and length.
+SCRIPT = r"""
+import json, sys
+import ortgen
+
+folder = sys.argv[1]
+prompts, new = json.loads(sys.argv[2])
+gen = ortgen.load(folder)  # no plugins=: the example must come from its entry point
+
+
+def run(**settings):
+    out = gen.generate(prompts, max_new_tokens=new, **settings)
+    return {"tokens": out.tokens, "reasons": out.finish_reasons}
+
+
+def error(**settings):
+    try:
+        gen.generate(prompts, max_new_tokens=new, **settings)
+    except ortgen.OrtgenError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+base = run()
+first = [row[0] for row in base["tokens"]]  # each row's first greedy pick
+stop = base["tokens"][0][3]                 # a token row 0 generates mid-way
+result = {
+    "plugins": sorted({e.plugin for k in ("logits_processor", "stopping_criterion")
+                       for e in gen.registry.entries(k) if e.name in
+                       ("ban_tokens", "presence_penalty", "stop_tokens")}),
+    "base": base,
+    "banned": first,
+    "ban": run(logits_processors=[{"name": "ban_tokens", "token_ids": first}]),
+    "presence": run(logits_processors=[{"name": "presence_penalty", "penalty": 1e4}]),
+    "stop_token": stop,
+    "stop": run(stopping_criteria=[{"name": "stop_tokens", "token_ids": [stop]}]),
+    "bad_value": error(logits_processors=[{"name": "ban_tokens", "token_ids": [256]}]),
+    "bad_param": error(logits_processors=[{"name": "ban_tokens", "tokens": [3]}]),
+}
+disabled = ortgen.load(folder, disable_plugins=["example"])
+result["disabled_names"] = disabled.registry.names("logits_processor")
+print(json.dumps(result))
+"""
+
+
+@pytest.fixture(scope="session")
+def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example package pip-installed (no deps, no index) into a fresh folder.
+
+    It is built from a copy: an in-tree setuptools build would leave ``build/``
+    and ``*.egg-info`` in the repository.
+    """
+    root = tmp_path_factory.mktemp("example-plugin")
+    source, site = root / "src", root / "site"
+    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--no-index", "--disable-pip-version-check", "--target", str(site), str(source)],
+        check=True, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert (site / "ortgen_plugin_example" / "__init__.py").is_file()
+    return site
+
+
+def _run(site: Path, *args: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    proc = subprocess.run(
+        [sys.executable, *args], env=env, cwd=site.parent, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def results(plugin_site: Path, tiny_model_dirs) -> dict[str, Any]:
+    onnx_dir = tiny_model_dirs["llama"][1]
+    return json.loads(
+        _run(plugin_site, "-c", SCRIPT, str(onnx_dir), json.dumps([PROMPTS, NEW_TOKENS]))
+    )
+
+
+def test_cli_lists_the_components_under_the_entry_point_name(plugin_site: Path) -> None:
+    report = json.loads(_run(plugin_site, "-m", "ortgen.cli", "plugins", "--json"))
+    ours = {
+        (kind, e["name"]): (e["plugin"], e["parameters"])
+        for kind, entries in report.items()
+        for e in entries
+        if e["plugin"] == "example"
+    }
+    assert ours == {
+        ("logits_processor", "ban_tokens"): ("example", ["token_ids"]),
+        ("logits_processor", "presence_penalty"): ("example", ["penalty"]),
+        ("stopping_criterion", "stop_tokens"): ("example", ["token_ids"]),
+    }
+
+
+def test_load_discovers_the_plugin_and_disable_blocks_it(results: dict[str, Any]) -> None:
+    assert results["plugins"] == ["example"]
+    names = results["disabled_names"]
+    assert "ban_tokens" not in names and "presence_penalty" not in names
+    assert "top_k" in names  # only the example was blocked
+
+
+def test_ban_tokens_never_generates_the_banned_ids(results: dict[str, Any]) -> None:
+    banned = set(results["banned"])
+    base, ban = results["base"]["tokens"], results["ban"]["tokens"]
+    assert all(row[0] in banned for row in base)  # they were generated without it
+    assert all(not banned & set(row) for row in ban)
+    assert all(len(row) == NEW_TOKENS for row in ban)
+    assert results["ban"]["reasons"] == ["length", "length"]
+
+
+def test_presence_penalty_stops_repeats(results: dict[str, Any]) -> None:
+    base, penalised = results["base"]["tokens"], results["presence"]["tokens"]
+    assert any(len(set(row)) < len(row) for row in base)  # greedy repeats without it
+    assert all(len(set(row)) == len(row) for row in penalised)  # a 1e4 penalty forbids that
+    for b, p in zip(base, penalised, strict=True):  # identical up to the first repeat
+        repeat = next((i for i, t in enumerate(b) if t in b[:i]), len(b))
+        assert p[:repeat] == b[:repeat]
+
+
+def test_stop_tokens_ends_rows_with_its_finish_reason(results: dict[str, Any]) -> None:
+    stop = results["stop_token"]
+    for base, tokens, reason in zip(
+        results["base"]["tokens"], results["stop"]["tokens"], results["stop"]["reasons"],
+        strict=True,
+    ):  # fmt: skip
+        if stop in base:  # cut right after the stop token, which is kept
+            assert tokens == base[: base.index(stop) + 1]
+            assert reason == "stop_token"
+        else:  # other rows are not affected
+            assert tokens == base
+            assert reason == "length"
+    assert results["stop"]["reasons"][0] == "stop_token"
+
+
+def test_bad_parameters_are_config_errors_naming_the_component(results: dict[str, Any]) -> None:
+    assert results["bad_value"].startswith("ConfigError: ban_tokens: `token_ids`")
+    assert "[0, 256)" in results["bad_value"]
+    assert results["bad_param"] == (
+        "ConfigError: logits_processor 'ban_tokens' does not take parameter(s) 'tokens'; "
+        "it takes: token_ids"
+    )

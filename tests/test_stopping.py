@@ -1,0 +1,106 @@
+"""The built-in stopping criteria (ortgen.plugins.stopping) against Hugging Face's."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from ortgen import ConfigError, GenerationContext
+from ortgen.plugins import stopping as S
+
+torch = pytest.importorskip("torch")
+hf = pytest.importorskip("transformers.generation.stopping_criteria")
+
+SCORES = np.zeros((1, 1), np.float32)  # criteria here ignore the scores
+
+
+def make_ctx(eos) -> GenerationContext:
+    return GenerationContext(
+        config=None,  # type: ignore[arg-type]
+        batch_size=1,
+        prompt_length=1,
+        vocab_size=10,
+        eos_token_ids=eos,
+        pad_token_id=0,
+        max_length=10,
+    )
+
+
+def hf_done(criterion, input_ids: np.ndarray) -> np.ndarray:
+    return criterion(torch.from_numpy(input_ids), torch.zeros(1)).numpy()
+
+
+@pytest.mark.parametrize("eos", [0, 3, [3], [1, 4], [2, 3, 5, 7]])
+def test_eos_matches_hf(eos):
+    ids = np.random.default_rng(0).integers(0, 8, (64, 5))
+    done = S.EosCriterion(eos)(ids, SCORES)
+    assert done.dtype == np.bool_ and done.shape == (64,)
+    np.testing.assert_array_equal(done, hf_done(hf.EosTokenCriteria(eos), ids))
+    assert done.any() and not done.all()
+    assert S.EosCriterion.finish_reason == "eos"
+
+
+def test_eos_looks_only_at_the_last_token():
+    ids = np.array([[3, 1], [1, 3]])
+    assert S.EosCriterion(3)(ids, SCORES).tolist() == [False, True]
+
+
+def test_eos_defaults_to_the_request_eos_ids():
+    crit = S.EosCriterion(ctx=make_ctx((4, 6)))
+    assert crit.eos_token_id == (4, 6)
+    assert crit(np.array([[1, 6], [6, 1]]), SCORES).tolist() == [True, False]
+
+
+@pytest.mark.parametrize("max_length", [1, 4, 5, 6, 100])
+def test_max_length_matches_hf(max_length):
+    ids = np.zeros((3, 5), np.int64)
+    done = S.MaxLengthCriterion(max_length)(ids, SCORES)
+    assert done.dtype == np.bool_ and done.shape == (3,)
+    np.testing.assert_array_equal(done, hf_done(hf.MaxLengthCriteria(max_length), ids))
+    assert done.all() == (max_length <= 5)
+    assert S.MaxLengthCriterion.finish_reason == "length"
+
+
+def test_max_time_counts_from_construction():
+    ids = np.zeros((2, 3), np.int64)
+    slow, fast = S.MaxTimeCriterion(0.05), S.MaxTimeCriterion(3600)
+    hf_slow = hf.MaxTimeCriteria(0.05)
+    assert S.MaxTimeCriterion.finish_reason == "time"
+    assert slow(ids, SCORES).tolist() == [False, False] == hf_done(hf_slow, ids).tolist()
+    time.sleep(0.08)
+    assert slow(ids, SCORES).tolist() == [True, True] == hf_done(hf_slow, ids).tolist()
+    assert fast(ids, SCORES).tolist() == [False, False]
+    assert S.MaxTimeCriterion(0)(ids, SCORES).all()
+
+
+BAD_ARGS = [
+    (S.EosCriterion, {"eos_token_id": []}, r"`eos_token_id`.*at least one.*\[\]"),
+    (S.EosCriterion, {"eos_token_id": None}, "`eos_token_id`.*None"),
+    (S.EosCriterion, {"eos_token_id": None, "ctx": make_ctx(())}, "no EOS ids"),
+    (S.EosCriterion, {"eos_token_id": -1}, "`eos_token_id`.*non-negative.*-1"),
+    (S.EosCriterion, {"eos_token_id": [2, "3"]}, r"`eos_token_id`.*\[2, '3'\]"),
+    (S.EosCriterion, {"eos_token_id": "2"}, "`eos_token_id`.*'2'"),
+    (S.MaxLengthCriterion, {"max_length": 0}, "`max_length`.*positive.*0"),
+    (S.MaxLengthCriterion, {"max_length": 10.0}, "`max_length`.*10.0"),
+    (S.MaxTimeCriterion, {"max_time": -1}, "`max_time`.*non-negative.*-1"),
+    (S.MaxTimeCriterion, {"max_time": float("inf")}, "`max_time`.*inf"),
+    (S.MaxTimeCriterion, {"max_time": "1s"}, "`max_time`.*'1s'"),
+]
+
+
+@pytest.mark.parametrize(("factory", "kwargs", "message"), BAD_ARGS)
+def test_bad_arguments_raise_config_error(factory, kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        factory(**kwargs)
+
+
+def test_hookimpl_registers_the_criteria():
+    registered = {}
+    S.register_stopping_criteria(lambda name, factory, **kw: registered.setdefault(name, factory))
+    assert registered == {
+        "eos": S.EosCriterion,
+        "max_length": S.MaxLengthCriterion,
+        "max_time": S.MaxTimeCriterion,
+    }

@@ -1,0 +1,166 @@
+"""Loading a tokenizer folder like transformers' AutoTokenizer: the files
+save_pretrained writes, per-class BOS/EOS post-processors, legacy special-token maps,
+added special tokens, where the chat template is found, and broken folders."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ortgen.errors import InputError, ModelLoadError
+from ortgen.tokenizer import Tokenizer, load_tokenizer
+from tests.text_fixtures import (
+    MESSAGES,
+    SMOLLM2_TEMPLATE,
+    TEXTS,
+    RustTokenizer,
+    auto,
+    backend,
+    chatml_dir,
+    edit_config,
+    root,
+    save_folder,
+)
+
+# Shared pytest fixtures, imported so pytest finds them here; listed so that linters
+# see them used (tests take them by name as arguments).
+__all__ = ["backend", "chatml_dir", "root"]
+
+
+def test_saved_folder_has_transformers_files(chatml_dir: Path):
+    names = {p.name for p in chatml_dir.iterdir()}
+    assert {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"} <= names
+    assert (chatml_dir / "chat_template.jinja").read_text() == SMOLLM2_TEMPLATE
+
+
+def test_llama_class_post_processor_and_legacy_special_map(root: Path, backend: RustTokenizer):
+    """tokenizer_class LlamaTokenizer: transformers rebuilds the BOS/EOS post-processor from
+    add_bos_token / add_eos_token (the exported SmolLM2 folder is of this kind)."""
+    for add_bos, add_eos in [(True, False), (True, True), (False, True), (None, None)]:
+        folder = save_folder(root / f"llama-{add_bos}-{add_eos}", backend)
+        edit_config(
+            folder,
+            tokenizer_class="LlamaTokenizer",
+            add_bos_token=add_bos,
+            add_eos_token=add_eos,
+            legacy=True,
+            add_prefix_space=None,
+        )
+        tok, hf = Tokenizer.from_folder(folder), auto(folder)
+        assert type(hf).__name__ == "LlamaTokenizerFast"
+        for text in TEXTS:
+            assert tok.encode(text) == hf(text)["input_ids"], (add_bos, add_eos, text)
+        ids = tok.encode("hi there")
+        assert ids[0] == (1 if add_bos in (True, None) else ids[0])
+        assert tok.decode(ids, skip_special_tokens=False) == hf.decode(ids)
+
+
+def test_special_token_missing_from_vocab_is_added(root: Path, backend: RustTokenizer):
+    folder = save_folder(root / "unk", backend)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg["unk_token"] = "<unk>"  # not in tokenizer.json: transformers adds it as a new token
+    cfg["additional_special_tokens"] = ["<tool>"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    tok, hf = Tokenizer.from_folder(folder), auto(folder)
+    assert len(hf) == tok.vocab_size == backend.get_vocab_size() + 2
+    text = "a<unk>b <tool> c"
+    assert tok.encode(text) == hf(text)["input_ids"]
+    assert tok.unk_token_id == hf.unk_token_id
+    assert tok.all_special_ids == hf.all_special_ids
+    ids = tok.encode(text)
+    assert tok.decode(ids) == hf.decode(ids, skip_special_tokens=True) == "ab  c"
+
+
+def test_legacy_special_tokens_map_without_added_tokens_decoder(root, backend):
+    folder = save_folder(root / "legacy-map", backend)
+    edit_config(folder, added_tokens_decoder=None, eos_token=None, bos_token=None)
+    (folder / "special_tokens_map.json").write_text(
+        json.dumps(
+            {
+                "eos_token": {
+                    "content": "<|endoftext|>",
+                    "lstrip": False,
+                    "normalized": False,
+                    "rstrip": False,
+                    "single_word": False,
+                },
+                "bos_token": "<|im_start|>",
+            }
+        )
+    )
+    tok, hf = Tokenizer.from_folder(folder), auto(folder)
+    assert tok.special_tokens_map == hf.special_tokens_map
+    assert tok.eos_token == "<|endoftext|>" and tok.eos_token_id == hf.eos_token_id == 0
+
+
+def test_split_special_tokens(root: Path, backend: RustTokenizer):
+    folder = save_folder(root / "split", backend)
+    edit_config(folder, split_special_tokens=True)
+    tok, hf = Tokenizer.from_folder(folder), auto(folder)
+    text = "<|im_start|>user\nhi<|im_end|>"
+    assert tok.encode(text) == hf(text)["input_ids"]
+    assert 1 not in tok.encode(text)
+
+
+def test_chat_template_in_tokenizer_config(root: Path, backend: RustTokenizer):
+    """Older folders keep the template in tokenizer_config.json, as a string or as a list
+    of named templates ("default" is used)."""
+    folder = save_folder(root / "cfg-template", backend, chat_template=None)
+    edit_config(folder, chat_template=SMOLLM2_TEMPLATE)
+    tok, hf = Tokenizer.from_folder(folder), auto(folder)
+    expected = hf.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    assert tok.apply_chat_template(MESSAGES) == expected
+
+    named = [
+        {"name": "tool_use", "template": "TOOLS {{ messages[0]['content'] }}"},
+        {"name": "default", "template": SMOLLM2_TEMPLATE},
+    ]
+    edit_config(folder, chat_template=named)
+    tok, hf = Tokenizer.from_folder(folder), auto(folder)
+    assert tok.apply_chat_template(MESSAGES) == expected
+    assert hf.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True) == expected
+
+    edit_config(folder, chat_template=named[:1])
+    tok = Tokenizer.from_folder(folder)
+    assert not tok.has_chat_template
+    with pytest.raises(InputError, match="none named 'default'"):
+        tok.apply_chat_template(MESSAGES)
+
+
+def test_chat_template_jinja_file_preferred(root: Path, backend: RustTokenizer):
+    folder = save_folder(root / "both-templates", backend)
+    edit_config(folder, chat_template="CONFIG TEMPLATE")
+    tok, hf = Tokenizer.from_folder(folder), auto(folder)
+    assert tok.chat_template == hf.chat_template == SMOLLM2_TEMPLATE
+
+
+def test_load_tokenizer_without_tokenizer_json(tmp_path: Path):
+    (tmp_path / "config.json").write_text("{}")
+    assert load_tokenizer(tmp_path) is None
+    with pytest.raises(ModelLoadError, match=r"no tokenizer\.json"):
+        Tokenizer.from_folder(tmp_path)
+
+
+def test_load_tokenizer_missing_folder(tmp_path: Path):
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_tokenizer(tmp_path / "nope")
+
+
+def test_corrupt_files(tmp_path: Path, chatml_dir: Path):
+    folder = tmp_path / "corrupt"
+    shutil.copytree(chatml_dir, folder)
+    (folder / "tokenizer_config.json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match=r"tokenizer_config\.json"):
+        Tokenizer.from_folder(folder)
+    (folder / "tokenizer.json").write_text('{"model": 1}')
+    with pytest.raises(ModelLoadError, match="tokenizers library"):
+        load_tokenizer(folder)
+
+
+def test_load_tokenizer_returns_tokenizer(chatml_dir: Path):
+    tok = load_tokenizer(chatml_dir)
+    assert isinstance(tok, Tokenizer)
+    assert "chatml" in repr(tok)

@@ -1,0 +1,173 @@
+"""Shared material for the tests of the tokenizer, chat template and detokenizer modules.
+
+The tokenizer folders are built here: a small byte-level BPE trained with ``tokenizers``
+and saved with transformers' ``save_pretrained`` (the way exported models carry their
+tokenizer), so ortgen can be compared with transformers on the same folder. Test modules
+import the fixtures by name: pytest finds fixtures among a test module's names.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from ortgen.detokenizer import IncrementalDetokenizer
+from ortgen.tokenizer import Tokenizer
+
+transformers = pytest.importorskip("transformers")
+from tokenizers import Tokenizer as RustTokenizer  # noqa: E402
+from tokenizers import decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Module-scoped fixtures are safe to share between hypothesis examples.
+FIXTURE_SETTINGS = settings(
+    deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def _words(text: str) -> list[str]:
+    return text.split()
+
+
+WORDS = {
+    "en": _words(
+        "the quick brown fox jumps over lazy dog I don't know isn't it you're we've "
+        "they'll can't won't she's model token stream text generation runtime fast small "
+        "hello world Python code function return value number"
+    ),
+    "de": _words("Über Größe schön Straße Mädchen Käse grün für müssen Fußball"),
+    "fr": _words("été déjà où naïve crème brûlée garçon français très être"),
+    "es": _words("niño año mañana señor corazón canción pequeño"),
+    "cjk": _words("東京 大阪 日本語 中文 你好 世界 こんにちは 한국어 서울 漢字"),
+    "emoji": _words("🙂 🚀 👍🏽 ❤️ 🎉 🤖 👨‍👩‍👧 😀"),
+    "misc": _words("( ) [ ] { } ... !? , ; : - — – ' \" 123 4567 3.14 x=1 a+b #"),
+}
+PUNCT = [".", ",", "!", "?", " .", " ,", " ?", " !", " 's", " n't", " ' ", ":"]
+
+
+def make_corpus(n_lines: int = 400, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    langs = list(WORDS)
+    lines = []
+    for _ in range(n_lines):
+        words = []
+        for _ in range(rng.randint(3, 14)):
+            words.append(rng.choice(WORDS[rng.choice(langs)]))
+            if rng.random() < 0.15:
+                words[-1] += rng.choice(PUNCT)
+        sep = rng.choice([" ", " ", " ", "  ", "\t"])
+        lines.append(sep.join(words) + rng.choice(["", ".", "!", "?", "\n"]))
+    return lines
+
+
+def train_backend() -> RustTokenizer:
+    tok = RustTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=700,
+        min_frequency=2,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(make_corpus(), trainer=trainer)
+    return tok
+
+
+def save_folder(
+    folder: Path,
+    backend: RustTokenizer,
+    *,
+    chat_template: str | None = SMOLLM2_TEMPLATE,
+    **kwargs,
+) -> Path:
+    """Save like exported models carry a tokenizer: transformers' save_pretrained."""
+    kwargs.setdefault("bos_token", "<|im_start|>")
+    kwargs.setdefault("eos_token", "<|im_end|>")
+    kwargs.setdefault("pad_token", "<|endoftext|>")
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, **kwargs)
+    if chat_template is not None:
+        hf.chat_template = chat_template
+    hf.save_pretrained(str(folder))
+    return folder
+
+
+def edit_config(folder: Path, **changes) -> None:
+    path = folder / "tokenizer_config.json"
+    cfg = json.loads(path.read_text())
+    for key, value in changes.items():
+        if value is None:
+            cfg.pop(key, None)
+        else:
+            cfg[key] = value
+    path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False))
+
+
+def auto(folder: Path):
+    return transformers.AutoTokenizer.from_pretrained(str(folder))
+
+
+@pytest.fixture(scope="module")
+def backend() -> RustTokenizer:
+    return train_backend()
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("text-tokenizers")
+
+
+@pytest.fixture(scope="module")
+def chatml_dir(root: Path, backend: RustTokenizer) -> Path:
+    return save_folder(root / "chatml", backend)
+
+
+@pytest.fixture(scope="module")
+def pair(chatml_dir: Path):
+    return Tokenizer.from_folder(chatml_dir), auto(chatml_dir)
+
+
+@pytest.fixture(scope="module")
+def cleanup_pair(root: Path, backend: RustTokenizer):
+    folder = save_folder(root / "cleanup", backend, clean_up_tokenization_spaces=True)
+    return Tokenizer.from_folder(folder), auto(folder)
+
+
+TEXTS = [
+    "Hello, world!\nÜber 東京 🙂",
+    "",
+    " ",
+    "I don't know , isn't it ? Yes ! They 're here . He 's ' quoted ' .",
+    "  two leading spaces and trailing   ",
+    "<|im_start|>user\nhi<|im_end|>\n<|endoftext|>",
+    "naïve crème brûlée — 日本語のテキスト、中文文本。 👨‍👩‍👧 👍🏽",
+    "tabs\tand\nnew\n\nlines\r\n",
+    "unseen: ÆØÅ ß ŋ ʃ Ω ∑ ≠ ∞ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
+]
+
+MESSAGES = [
+    {"role": "user", "content": "Hi there"},
+    {"role": "assistant", "content": "Hello! How can I help?"},
+    {"role": "user", "content": "Über 東京 🙂?"},
+]
+SYSTEM = [{"role": "system", "content": "You answer in one sentence."}]
+
+
+def stream(tok: Tokenizer, ids, **kwargs) -> tuple[str, list[str]]:
+    det = IncrementalDetokenizer(tok, **kwargs)
+    pieces = [det.push(i) for i in ids]
+    pieces.append(det.flush())
+    return "".join(pieces), pieces
