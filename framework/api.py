@@ -117,10 +117,12 @@ class TextGenerator:
         stats["total_s"] = time.perf_counter() - started
         return self._output(state, watch, single and config.num_return_sequences == 1, stats)
 
-    def stream(self, prompt: Prompt, **settings: Any) -> Iterator[str]:
+    def stream(
+        self, prompt: Prompt, *, pipeline: Mapping[str, Any] | None = None, **settings: Any
+    ) -> Iterator[str]:
         """Yield text pieces as they are generated (one prompt); stop strings held back."""
         tokenizer = self._need_tokenizer("stream()")
-        config = self.resolve_config(settings).config
+        config = self.resolve_config(settings, pipeline=pipeline).config
         rows, single = self._encode(prompt)
         if not single or config.num_return_sequences != 1:
             raise InputError("stream() takes one prompt and num_return_sequences=1; use generate()")
@@ -144,9 +146,15 @@ class TextGenerator:
         if len(text) > shown:
             yield text[shown:]
 
-    def chat(self, messages: Sequence[Mapping[str, str]], **settings: Any) -> GenerationOutput:
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        *,
+        pipeline: Mapping[str, Any] | None = None,
+        **settings: Any,
+    ) -> GenerationOutput:
         """Answer a conversation using the model's chat template."""
-        return self.generate(self.chat_prompt(messages), **settings)
+        return self.generate(self.chat_prompt(messages), pipeline=pipeline, **settings)
 
     def chat_prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
         tokenizer = self._need_tokenizer("chat()")

@@ -27,6 +27,7 @@ class Chain:
     sampler: tuple[str, Sampler]
     stopping: list[tuple[str, StoppingCriterion]]
     cache: KVCache
+    cache_name: str = "dynamic"
 
 
 def processor_specs(config: GenerationConfig) -> list[Spec]:
@@ -61,7 +62,7 @@ def processor_specs(config: GenerationConfig) -> list[Spec]:
 
 def sampler_spec(config: GenerationConfig) -> Spec:
     if config.sampler:
-        return config.sampler, {}
+        return _explicit((config.sampler,))[0]
     return ("multinomial" if config.do_sample else "greedy"), {}
 
 
@@ -87,9 +88,11 @@ def build_chain(registry: Registry, ctx: GenerationContext) -> Chain:
         name, params = spec
         return name, registry.create(kind, name, params, ctx)
 
+    cache_name, cache = create("kv_cache", _explicit((config.cache,))[0])
     return Chain(
         processors=[create("logits_processor", s) for s in processor_specs(config)],
         sampler=create("sampler", sampler_spec(config)),
         stopping=[create("stopping_criterion", s) for s in stopping_specs(config, ctx.max_length)],
-        cache=create("kv_cache", (config.cache, {}))[1],
+        cache=cache,
+        cache_name=cache_name,
     )

@@ -161,6 +161,8 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     from .paths import default_model_dir
 
     folder = Path(args.model) if args.model else default_model_dir()
+    if not (folder / "config.json").is_file():
+        raise OrtgenError(f"{folder} is not a model folder (it has no config.json)")
     layers = [*config_mod.model_layers(folder), ("call", _settings(args))]
     resolved = config_mod.resolve(layers)
     if args.json:
@@ -221,6 +223,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OrtgenError as exc:
         print(f"ortgen: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `ortgen ... | head`: the reader left; not an error
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -115,8 +115,8 @@ class GenerationConfig:
     bos_token_id: int | None = None
     # ortgen
     seed: int | None = None
-    cache: str = "dynamic"
-    sampler: str | None = None
+    cache: Mapping[str, Any] = field(default_factory=lambda: {"name": "dynamic"})
+    sampler: Mapping[str, Any] | None = None
     logits_processors: tuple[Mapping[str, Any], ...] = ()
     stopping_criteria: tuple[Mapping[str, Any], ...] = ()
 
@@ -197,17 +197,27 @@ def resolve(layers: Iterable[tuple[str, Mapping[str, Any]]]) -> Resolved:
             if key in FIELDS:
                 values[key] = value
                 sources[key] = layer
-            elif key.startswith("_") or key in IGNORED_HF_FIELDS:
+            elif key.startswith("_"):
                 continue
+            elif key in IGNORED_HF_FIELDS:
+                if strict:
+                    warnings.warn(
+                        f"{key!r} is a Hugging Face setting ortgen does not implement; ignored",
+                        UserWarning,
+                        stacklevel=3,
+                    )
             elif strict:
                 problems.append(f"unknown setting {key!r}{did_you_mean(key, list(FIELDS))}")
             else:
                 warnings.warn(f"{layer}: ignoring unknown generation setting {key!r}", stacklevel=2)
     _limit_from_latest_layer(values, sources)
-    values = {k: _normalise(k, v, problems) for k, v in values.items()}
-    if problems:
-        raise ConfigError(_problem_list(problems))
-    config = GenerationConfig(**values)
+    normalised: dict[str, Any] = {}
+    for key, value in values.items():
+        try:
+            normalised[key] = _normalise(key, value)
+        except TypeError as exc:  # keep going: report every problem at once
+            problems.append(f"{key} must be {exc}, got {value!r}")
+    config = GenerationConfig(**normalised)
     problems.extend(validate(config))
     if problems:
         raise ConfigError(_problem_list(problems))
@@ -248,42 +258,48 @@ _INT_FIELDS = {
 _FLOAT_FIELDS = {"max_time", "temperature", "top_p", "min_p", "typical_p", "repetition_penalty"}
 
 
-def _normalise(key: str, value: Any, problems: list[str]) -> Any:
-    """Coerce JSON/TOML values to the field's type; record a problem instead of raising."""
+#: Fields where None is a meaningful value ("not set"); None elsewhere is an error.
+_NULLABLE = {name for name, f in FIELDS.items() if f.default is None} | {"max_new_tokens"}
+
+
+def _normalise(key: str, value: Any) -> Any:
+    """Coerce a JSON/TOML value to the field's type; TypeError says what was expected."""
     if value is None:
-        return None
-    try:
-        if key in _INT_FIELDS:
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError("an integer")
-            return value
-        if key in _FLOAT_FIELDS:
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise TypeError("a number")
-            return float(value)
-        if key == "do_sample":
-            if not isinstance(value, bool):
-                raise TypeError("true or false")
-            return value
-        if key == "eos_token_id":
-            return _token_ids(value)
-        if key == "bad_words_ids":
-            if not isinstance(value, list | tuple) or not value:
-                raise TypeError("a non-empty list of token-id lists")
-            return tuple(_id_list(seq) for seq in value)
-        if key == "stop_strings":
-            strings = (value,) if isinstance(value, str) else tuple(value)
-            if not strings or not all(isinstance(s, str) and s for s in strings):
-                raise TypeError("a non-empty string or a list of non-empty strings")
-            return strings
-        if key in ("cache", "sampler"):
-            if not isinstance(value, str) or not value:
-                raise TypeError("a component name")
-            return value
-        if key in ("logits_processors", "stopping_criteria"):
-            return tuple(_component_spec(spec) for spec in value)
-    except TypeError as exc:
-        problems.append(f"{key} must be {exc}, got {value!r}")
+        if key in _NULLABLE:
+            return None
+        raise TypeError(f"set (it cannot be null; the default is {FIELDS[key].default!r})")
+    if key in _INT_FIELDS:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError("an integer")
+        return value
+    if key in _FLOAT_FIELDS:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TypeError("a number")
+        return float(value)
+    if key == "do_sample":
+        if not isinstance(value, bool):
+            raise TypeError("true or false")
+        return value
+    if key == "eos_token_id":
+        return _token_ids(value)
+    if key == "bad_words_ids":
+        if not isinstance(value, list | tuple) or not value:
+            raise TypeError("a non-empty list of token-id lists")
+        return tuple(_id_list(seq) for seq in value)
+    if key == "stop_strings":
+        strings = (value,) if isinstance(value, str) else value
+        if not isinstance(strings, list | tuple) or not strings:
+            raise TypeError("a non-empty string or a list of non-empty strings")
+        if not all(isinstance(s, str) and s for s in strings):
+            raise TypeError("a non-empty string or a list of non-empty strings")
+        return tuple(strings)
+    if key in ("cache", "sampler"):
+        return _component_spec(value)
+    if key in ("logits_processors", "stopping_criteria"):
+        specs = [value] if isinstance(value, str | Mapping) else value
+        if not isinstance(specs, list | tuple):
+            raise TypeError('a component name or a table with a "name" key')
+        return tuple(_component_spec(spec) for spec in specs)
     return value
 
 
@@ -302,11 +318,12 @@ def _id_list(value: Any) -> tuple[int, ...]:
 
 
 def _component_spec(spec: Any) -> Mapping[str, Any]:
-    if isinstance(spec, str):
+    """A component as ``{"name": ..., **params}``; a bare name has no params."""
+    if isinstance(spec, str) and spec:
         return {"name": spec}
     if isinstance(spec, Mapping) and isinstance(spec.get("name"), str):
         return dict(spec)
-    raise TypeError('a list of component names or tables with a "name" key')
+    raise TypeError('a component name or a table with a "name" key')
 
 
 def validate(config: GenerationConfig) -> list[str]:

@@ -121,7 +121,7 @@ class Generation:
         self._next_position -= count
         if self.fed >= self.length:  # re-feed the last kept token to get its logits again
             self.fed = self.length - 1
-            self.chain.cache.crop(self.fed)
+            self._cache_call("crop", self.fed)
         self._reopen()
 
     # -- internals ---------------------------------------------------------------
@@ -134,13 +134,28 @@ class Generation:
             positions = np.where(seen == 0, 1, np.cumsum(seen, axis=1) - 1)
         else:
             positions = self._next_position[:, None] - (end - start) + np.arange(end - start)
-        cache = self.chain.cache
-        logits, presents = self.model.forward(
-            self.ids[:, start:end], self.mask[:, :end], positions, cache.inputs()
-        )
-        cache.update(presents)
+        past = self._cache_call("inputs")
+        try:
+            logits, presents = self.model.forward(
+                self.ids[:, start:end], self.mask[:, :end], positions, past
+            )
+        except Exception as exc:  # onnxruntime rejects what the cache fed, typically
+            raise ComponentError(
+                f"model forward failed at step {self.steps} with kv cache "
+                f"{self.chain.cache_name!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+        self._cache_call("update", presents)
         self.fed = end
         return logits[:, -1, :]
+
+    def _cache_call(self, method: str, *args):
+        try:
+            return getattr(self.chain.cache, method)(*args)
+        except Exception as exc:
+            raise ComponentError(
+                f"kv cache {self.chain.cache_name!r} failed in {method}() at step {self.steps}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
 
     def _append_column(self, next_ids: np.ndarray) -> None:
         self._ensure_capacity(self.length + 1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterable
 from functools import partial
+from types import ModuleType
 
 import pluggy
 
@@ -35,14 +36,45 @@ def make_plugin_manager(
     for name in disable:
         pm.set_blocked(name)
     for module_name in BUILTIN_PLUGINS:
-        if pm.is_blocked(module_name):
-            continue
-        pm.register(importlib.import_module(module_name), name=module_name)
+        if not pm.is_blocked(module_name):
+            _register(pm, importlib.import_module(module_name), module_name)
     if load_entry_points:
-        pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+        try:
+            pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+        except pluggy.PluginValidationError as exc:
+            raise PluginError(f"installed plugin {exc.plugin!r} is invalid: {exc}") from exc
+        except Exception as exc:  # an installed package that fails to import
+            raise PluginError(
+                f"loading plugins from the {ENTRY_POINT_GROUP!r} entry-point group failed: "
+                f"{type(exc).__name__}: {exc}; uninstall or disable the broken plugin"
+            ) from exc
     for plugin in extra:
-        pm.register(plugin)
+        _register(pm, plugin, plugin_name(plugin))
+    try:
+        pm.check_pending()  # an @hookimpl whose name is not one of ortgen's hooks
+    except pluggy.PluginValidationError as exc:
+        raise PluginError(f"plugin {pm.get_name(exc.plugin)!r}: {exc}") from exc
     return pm
+
+
+def plugin_name(plugin: object) -> str:
+    """A readable name for an in-process plugin: a module's name, else its class's path."""
+    if isinstance(plugin, ModuleType):
+        return plugin.__name__
+    kind = plugin if isinstance(plugin, type) else type(plugin)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _register(pm: pluggy.PluginManager, plugin: object, name: str) -> None:
+    try:
+        pm.register(plugin, name=name)
+    except pluggy.PluginValidationError as exc:
+        raise PluginError(f"plugin {name!r} is invalid: {exc}") from exc
+    except ValueError as exc:  # registered twice, or under another name already
+        raise PluginError(
+            f"plugin {name!r} cannot be registered: {exc} (an installed plugin is loaded "
+            "through its entry point already; do not pass it to load(plugins=...) as well)"
+        ) from exc
 
 
 def build_registry(pm: pluggy.PluginManager) -> Registry:
@@ -51,18 +83,18 @@ def build_registry(pm: pluggy.PluginManager) -> Registry:
     for kind, hook_name in KINDS.items():
         hook = getattr(pm.hook, hook_name)
         for impl in hook.get_hookimpls():
-            plugin_name = pm.get_name(impl.plugin) or repr(impl.plugin)
-            register = partial(_register, registry, kind, plugin_name)
+            owner = pm.get_name(impl.plugin) or repr(impl.plugin)
+            register = partial(_add, registry, kind, owner)
             try:
                 impl.function(register)
             except PluginError:
                 raise
             except Exception as exc:
                 raise PluginError(
-                    f"plugin {plugin_name!r} failed in {hook_name}: {type(exc).__name__}: {exc}"
+                    f"plugin {owner!r} failed in {hook_name}: {type(exc).__name__}: {exc}"
                 ) from exc
     return registry
 
 
-def _register(registry: Registry, kind: str, plugin: str, name: str, factory, *, replace=False):
+def _add(registry: Registry, kind: str, plugin: str, name: str, factory, *, replace=False):
     registry.register(kind, name, factory, plugin=plugin, replace=replace)

@@ -1,7 +1,7 @@
 """ortgen's built-in components, registered exactly like a third-party plugin."""
 
-#: Modules registered by name before installed plugins; block one with
-#: ``[plugins] disable = ["ortgen.plugins.caches"]`` or ``make_plugin_manager(disable=...)``.
+#: Modules registered by name before installed plugins; block one by that name with
+#: ``ortgen.load(disable_plugins=[...])``.
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "ortgen.plugins.processors",
     "ortgen.plugins.samplers",

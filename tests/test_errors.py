@@ -88,8 +88,37 @@ def test_generation_stops_at_context(gen):
     assert len(out.tokens[0]) == 3 and out.finish_reasons == ["length"]
 
 
-def test_cli_errors_exit_non_zero(tmp_path, capsys):
+def test_cli_errors_exit_non_zero(tmp_path, capsys, tiny_model_dirs):
     assert main(["generate", "hi", "--model", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
-    assert main(["config", "show", "--model", str(tmp_path), "--set", "bogus=1"]) == 2
+    model = str(tiny_model_dirs["llama"][1])
+    assert main(["config", "show", "--model", model, "--set", "bogus=1"]) == 2
     assert "unknown setting 'bogus'" in capsys.readouterr().err
+    assert main(["config", "show", "--model", str(tmp_path)]) == 2
+    assert "not a model folder" in capsys.readouterr().err
+
+
+def test_null_for_a_required_setting_is_a_config_error(gen):
+    with pytest.raises(ortgen.ConfigError, match=r"top_k must be set \(it cannot be null"):
+        gen.generate([1, 2], top_k=None, do_sample=True)
+
+
+def test_unknown_key_type_and_range_problems_reported_together(gen):
+    with pytest.raises(ortgen.ConfigError) as info:
+        gen.generate([1, 2], tempreature=0.5, top_p=2.0, num_beams="two", stop_strings=5)
+    message = str(info.value)
+    for expected in (
+        "'tempreature'",
+        "top_p must be in [0, 1]",
+        "num_beams must be an integer",
+        "stop_strings must be",
+    ):
+        assert expected in message, expected
+
+
+def test_a_single_component_name_is_not_split_into_letters(gen):
+    resolved = gen.resolve_config({"stopping_criteria": "eos", "sampler": "greedy"})
+    assert resolved.config.stopping_criteria == ({"name": "eos"},)
+    assert resolved.config.sampler == {"name": "greedy"}
+    with pytest.raises(ortgen.ConfigError, match="logits_processors must be"):
+        gen.resolve_config({"logits_processors": 5})

@@ -163,3 +163,64 @@ def test_partial_output_is_kept_when_a_component_fails_mid_request(llama_dir):
         gen.generate([5, 17], max_new_tokens=8, eos_token_id=None, logits_processors=["fail_later"])
     partial = info.value.partial
     assert len(partial.tokens[0]) == 2 and partial.finish_reasons == ["error"]
+
+
+def test_misspelled_hook_is_an_error():
+    class Typo:
+        @hookimpl
+        def register_sampler(self, register):  # missing the final "s"
+            register("x", lambda: None)
+
+    with pytest.raises(ortgen.PluginError, match="register_sampler"):
+        make_plugin_manager(load_entry_points=False, extra=[Typo()])
+
+
+def test_in_process_plugins_are_named_by_class():
+    class Dup:
+        @hookimpl
+        def register_samplers(self, register):
+            register("greedy", lambda: None)
+
+    pm = make_plugin_manager(load_entry_points=False, extra=[Dup()])
+    with pytest.raises(ortgen.PluginError, match=r"test_plugins\..*Dup"):
+        build_registry(pm)
+
+
+def test_failing_cache_is_named(llama_dir):
+    class BadCache:
+        def __init__(self, *, ctx):
+            pass
+
+        def inputs(self):
+            raise KeyError("lost")
+
+    class P:
+        @hookimpl
+        def register_kv_caches(self, register):
+            register("bad", BadCache)
+
+    gen = ortgen.load(llama_dir, plugins=[P()])
+    with pytest.raises(
+        ortgen.ComponentError, match=r"kv cache 'bad' failed in inputs\(\) at step 0"
+    ):
+        gen.generate([5, 17], max_new_tokens=3, cache="bad")
+
+
+def test_components_take_parameters_from_tables(llama_dir):
+    class Fixed:
+        def __init__(self, token: int):
+            self.token = token
+
+        def __call__(self, ids, scores):
+            return np.full(ids.shape[0], self.token, dtype=np.int64)
+
+    class P:
+        @hookimpl
+        def register_samplers(self, register):
+            register("fixed", Fixed)
+
+    gen = ortgen.load(llama_dir, plugins=[P()])
+    out = gen.generate(
+        [5], max_new_tokens=3, eos_token_id=None, sampler={"name": "fixed", "token": 7}
+    )
+    assert out.tokens == [[7, 7, 7]]
