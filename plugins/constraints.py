@@ -7,8 +7,10 @@ Each one reproduces the Hugging Face logits processor of the same name
 (raising :class:`ortgen.ConfigError`) and the same output. The value Hugging
 Face's ``generate()`` treats as "off" (``repetition_penalty=1.0``,
 ``no_repeat_ngram_size=0``, ``min_new_tokens=0``) is accepted and gives an
-unchanged copy. Every ``__call__`` returns a new float32 array and leaves its
-inputs alone; the work is vectorised numpy proportional to the ids it must read.
+unchanged copy, and an int is accepted where HF insists on a float. Every
+``__call__`` returns a new float32 array and leaves its inputs alone; the work is
+vectorised numpy proportional to the ids it must read. ``input_ids`` must hold
+ids in ``[0, vocab)``: numpy would wrap a negative id where torch raises.
 """
 
 from __future__ import annotations

@@ -3,10 +3,11 @@
 Each one reproduces the Hugging Face ``*LogitsWarper`` of the same name
 (transformers 4.57, ``generation/logits_process.py``): the same parameters, the
 same range checks in ``__init__`` (raising :class:`ortgen.ConfigError`) and the
-same output for the same scores, up to float32 rounding at a cut-off. One
-deliberate difference: the value Hugging Face's ``generate()`` treats as "off"
-(``top_k=0``, ``top_p=1.0``, ``typical_p=1.0``) is accepted and gives an
-unchanged copy, so a config can always be passed through.
+same output for the same scores, up to float32 rounding at a cut-off. Deliberate
+differences: the value Hugging Face's ``generate()`` treats as "off" (``top_k=0``,
+``top_p=1.0``, ``typical_p=1.0``) is accepted and gives an unchanged copy, so a
+config can always be passed through; an int is accepted where HF insists on a
+float (``temperature = 1`` in a TOML file); inf and NaN are refused.
 
 They are pure numpy: no Python loop over rows or tokens, and no full sort of the
 vocabulary where a partition finds the same tokens. Every ``__call__`` returns a
@@ -118,7 +119,7 @@ def _count_prefix(
     before = np.cumsum(np.add.reduceat(weights, starts, axis=-1, dtype=np.float64), axis=-1)
     whole = compare((offset + before / total).astype(np.float32), limit).sum(axis=-1)
     block = np.minimum(whole, starts.size - 1)  # the block where the count ends
-    rows = np.arange(batch)[:, None]
+    rows = _rows(batch)
     cols = starts[block][:, None] + np.arange(_BLOCK)
     inside = np.where(cols < n, weights[rows, np.minimum(cols, n - 1)], 0).astype(np.float64)
     base = np.where(block > 0, before[rows[:, 0], block - 1], 0.0)[:, None]
