@@ -66,6 +66,8 @@ class MultinomialSampler:
     ``exp(-103)`` of the top one round to 0), and every sum is float64. The CDF is
     searched block-wise: block sums (a fast vectorised reduction) find the block,
     and only that block is accumulated; a cumsum over the vocabulary is slower.
+    When at most 1/16 of the scores are finite (after top-k, say), only those
+    are looked at; the CDF, and so the pick, is the same.
     """
 
     def __init__(self, *, ctx: GenerationContext) -> None:
@@ -75,20 +77,37 @@ class MultinomialSampler:
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
         scores = np.asarray(scores, dtype=np.float32)
         batch, vocab = scores.shape
-        best = scores.max(axis=-1)  # NaN propagates
-        _unusable_rows("multinomial", best)
-        weights = np.exp(scores - best[:, None])
-        starts = np.arange(0, vocab, _BLOCK)
-        before = np.cumsum(np.add.reduceat(weights, starts, axis=-1, dtype=np.float64), axis=-1)
-        target = self._rng.random(batch) * before[:, -1]
+        _unusable_rows("multinomial", scores.max(axis=-1))  # NaN propagates through max
+        possible = scores != -np.inf
+        if np.count_nonzero(possible) * 16 > scores.size:
+            return self._draw(scores)
+        # Few possible tokens (after top-k, say): draw among those alone.
+        flat = np.flatnonzero(possible)
+        rows, cols = np.divmod(flat, vocab)
+        counts = np.bincount(rows, minlength=batch)  # >= 1 each: every row has a finite max
+        starts = np.cumsum(counts) - counts
+        packed = np.full((batch, counts.max()), -np.inf, dtype=np.float32)
+        packed[rows, np.arange(flat.size) - starts[rows]] = scores.reshape(-1)[flat]
+        return cols[starts + self._draw(packed)]
 
+    def _draw(self, scores: np.ndarray) -> np.ndarray:
+        batch, vocab = scores.shape
+        weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
         rows = np.arange(batch)
-        block = np.minimum((before <= target[:, None]).sum(axis=-1), starts.size - 1)
-        cols = starts[block][:, None] + np.arange(_BLOCK)
-        inside = np.where(cols < vocab, weights[rows[:, None], np.minimum(cols, vocab - 1)], 0)
-        base = np.where(block > 0, before[rows, block - 1], 0.0)
-        cdf = base[:, None] + np.cumsum(inside.astype(np.float64), axis=-1)
-        picked = starts[block] + (cdf <= target[:, None]).sum(axis=-1)
+        if vocab <= 16 * _BLOCK:  # short rows: accumulate them directly
+            cdf = np.cumsum(weights.astype(np.float64), axis=-1)
+            target = self._rng.random(batch) * cdf[:, -1]
+            picked = (cdf <= target[:, None]).sum(axis=-1)
+        else:
+            starts = np.arange(0, vocab, _BLOCK)
+            before = np.cumsum(np.add.reduceat(weights, starts, axis=-1, dtype=np.float64), axis=-1)
+            target = self._rng.random(batch) * before[:, -1]
+            block = np.minimum((before <= target[:, None]).sum(axis=-1), starts.size - 1)
+            cols = starts[block][:, None] + np.arange(_BLOCK)
+            inside = np.where(cols < vocab, weights[rows[:, None], np.minimum(cols, vocab - 1)], 0)
+            base = np.where(block > 0, before[rows, block - 1], 0.0)
+            cdf = base[:, None] + np.cumsum(inside.astype(np.float64), axis=-1)
+            picked = starts[block] + (cdf <= target[:, None]).sum(axis=-1)
 
         # Rounding can leave the target at the very top of the distribution (or of a
         # block); the token meant is then the last one with a weight above 0.

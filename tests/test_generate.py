@@ -117,3 +117,15 @@ def test_step_object_rewind_and_append(models):
     nxt = int(state.step()[0])
     full = gen.generate(PROMPTS[0] + reference[:4] + [3, 4], max_new_tokens=1, eos_token_id=None)
     assert nxt == full.tokens[0][0]
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 5])
+def test_chunked_prefill_equals_one_forward(models, chunk):
+    """Prompts fed in chunks through the cache give the same tokens (batch with padding)."""
+    hf, gen = models
+    state = gen.start(PROMPTS, max_new_tokens=10, eos_token_id=None)
+    state.prefill_chunk = chunk
+    while not state.is_done:
+        state.step()
+    for row, prompt in enumerate(PROMPTS):
+        assert state.generated(row) == hf_greedy(hf, prompt, 10, eos=None), f"row {row}"

@@ -78,7 +78,7 @@ def test_same_seed_reproduces_and_other_seeds_differ():
     assert not np.array_equal(draws(None), draws(None))  # fresh entropy each time
 
 
-@pytest.mark.parametrize("vocab", [6, 700])
+@pytest.mark.parametrize("vocab", [6, 700, 6000])  # 6000: the block-wise CDF search
 def test_frequencies_match_softmax(vocab):
     """Pearson chi-square over 60000 draws per row, seeded, so the test is deterministic;
     the bound is the 0.999 quantile (a wrong distribution exceeds it by far)."""
@@ -104,11 +104,17 @@ def test_frequencies_match_softmax(vocab):
         assert chi2 < bound, (row, chi2, dof)
 
 
-def test_inverts_the_cdf_with_one_uniform_per_row():
+@pytest.mark.parametrize(
+    ("vocab", "impossible"),
+    [(3000, 0.3), (20000, 0.3), (20000, 0.99)],
+    ids=["direct", "block-wise", "finite-only"],
+)
+def test_inverts_the_cdf_with_one_uniform_per_row(vocab, impossible):
     """The pick is the reference inverse CDF of the same uniform numbers."""
     rng = np.random.default_rng(5)
-    scores = (rng.standard_normal((5, 1000)) * 2).astype(np.float32)
-    scores[rng.random(scores.shape) < 0.3] = -np.inf
+    scores = (rng.standard_normal((5, vocab)) * 2).astype(np.float32)
+    scores[rng.random(scores.shape) < impossible] = -np.inf
+    scores[:, 7] = 1.0  # every row can draw something
     sampler = S.MultinomialSampler(ctx=make_ctx(9))
     uniforms = np.random.default_rng(9)
     weights = np.exp(scores - scores.max(axis=-1, keepdims=True)).astype(np.float64)
@@ -145,6 +151,9 @@ def test_rounding_at_the_top_picks_the_last_possible_token():
     scores[0, [3, 10]] = 0.0
     scores[1, [0, 599]] = [1.0, 2.0]
     assert sampler(IDS, scores).tolist() == [10, 599]
+    scores = np.zeros((1, 10000), np.float32)  # the block-wise search
+    scores[0, 9900:] = -np.inf
+    assert sampler(IDS, scores).tolist() == [9899]
 
 
 @pytest.mark.parametrize(
