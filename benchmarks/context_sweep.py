@@ -25,6 +25,7 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[32, 128, 512, 1024])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--prefill-chunk", type=int, help="override Generation.prefill_chunk")
     parser.add_argument("--out", default="benchmarks/results/context_sweep.json")
     args = parser.parse_args()
 
@@ -34,7 +35,7 @@ def main() -> None:
         measure(gen, list(range(100, 132)), 4)  # warm-up
         for length in args.lengths:
             prompt = [100 + (i * 7919) % 40000 for i in range(length)]
-            result = measure(gen, prompt, args.new_tokens)
+            result = measure(gen, prompt, args.new_tokens, args.prefill_chunk)
             state = gen.start(prompt, max_new_tokens=2, eos_token_id=None)
             state.step()
             result.update(
@@ -50,6 +51,7 @@ def main() -> None:
                 flush=True,
             )
     report = {
+        "prefill_chunk": args.prefill_chunk,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "new_tokens": args.new_tokens,
         "points": points,

@@ -39,14 +39,19 @@ class TimedSession:
         return getattr(self._session, name)
 
 
-def measure(gen, prompt: list[int], new_tokens: int) -> dict[str, float]:
+def measure(
+    gen, prompt: list[int], new_tokens: int, prefill_chunk: int | None = None
+) -> dict[str, float]:
     timed = TimedSession(gen.model.session)
     gen.model.session = timed
     try:
         state = gen.start(prompt, max_new_tokens=new_tokens, eos_token_id=None)
+        if prefill_chunk:
+            state.prefill_chunk = prefill_chunk
         start = time.perf_counter()
         state.step()
         prefill = time.perf_counter() - start
+        prefill_runs = len(timed.seconds)
         decode_start = time.perf_counter()
         while not state.is_done:
             state.step()
@@ -54,7 +59,7 @@ def measure(gen, prompt: list[int], new_tokens: int) -> dict[str, float]:
     finally:
         gen.model.session = timed._session
     decode_steps = state.steps - 1
-    in_run = sum(timed.seconds[1:])
+    in_run = sum(timed.seconds[prefill_runs:])
     return {
         "prompt_tokens": len(prompt),
         "new_tokens": state.steps,
