@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ortgen import ConfigError, GenerationContext, hookimpl
+from ortgen.plugins._args import eos_ids, is_int
 
 _NEG_INF = np.float32(-np.inf)
 
@@ -33,31 +33,6 @@ def register_logits_processors(register):  # type: ignore[no-untyped-def]
     register("no_repeat_ngram_size", NoRepeatNGramProcessor)
     register("min_new_tokens", MinNewTokensProcessor)
     register("bad_words_ids", BadWordsProcessor)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
-
-
-def _token_ids(name: str, value: object) -> tuple[int, ...]:
-    """An int or a sequence of ints, each >= 0, as a tuple (may be empty)."""
-    items = [value] if _is_int(value) else value
-    if (
-        isinstance(items, Sequence)
-        and not isinstance(items, str)
-        and all(_is_int(i) and i >= 0 for i in items)  # type: ignore[operator]
-    ):
-        return tuple(int(i) for i in items)  # type: ignore[call-overload]
-    raise ConfigError(
-        f"`{name}` has to be a non-negative integer or a list of them, but is {value!r}"
-    )
-
-
-def _eos_ids(eos_token_id: object, ctx: GenerationContext | None) -> tuple[int, ...]:
-    """``eos_token_id`` when given, else the request's EOS ids (HF's ``_eos_token_tensor``)."""
-    if eos_token_id is not None:
-        return _token_ids("eos_token_id", eos_token_id)
-    return tuple(ctx.eos_token_ids) if ctx is not None else ()
 
 
 class RepetitionPenaltyProcessor:
@@ -78,7 +53,7 @@ class RepetitionPenaltyProcessor:
                 f"but is {repetition_penalty!r}"
             )
         if prompt_ignore_length is not None and (
-            not _is_int(prompt_ignore_length) or prompt_ignore_length < 0
+            not is_int(prompt_ignore_length) or prompt_ignore_length < 0
         ):
             raise ConfigError(
                 "`prompt_ignore_length` has to be a non-negative integer, "
@@ -107,7 +82,7 @@ class NoRepeatNGramProcessor:
     """
 
     def __init__(self, no_repeat_ngram_size: int) -> None:
-        if not _is_int(no_repeat_ngram_size) or no_repeat_ngram_size < 0:
+        if not is_int(no_repeat_ngram_size) or no_repeat_ngram_size < 0:
             raise ConfigError(
                 "`no_repeat_ngram_size` has to be a strictly positive integer (or 0 to disable), "
                 f"but is {no_repeat_ngram_size!r}"
@@ -143,12 +118,12 @@ class MinNewTokensProcessor:
         *,
         ctx: GenerationContext,
     ) -> None:
-        if not _is_int(min_new_tokens) or min_new_tokens < 0:
+        if not is_int(min_new_tokens) or min_new_tokens < 0:
             raise ConfigError(
                 f"`min_new_tokens` has to be a non-negative integer, but is {min_new_tokens!r}"
             )
         self.min_new_tokens = int(min_new_tokens)
-        self.eos_token_id = _eos_ids(eos_token_id, ctx)
+        self.eos_token_id = eos_ids(eos_token_id, ctx)
         self.prompt_length = int(ctx.prompt_length)
         self._eos = np.array(self.eos_token_id, dtype=np.int64)
 
@@ -182,12 +157,12 @@ class BadWordsProcessor:
             raise ConfigError(f"`bad_words_ids` has to be a non-empty list, but is {words!r}")
         if any(not isinstance(word, (list, tuple)) for word in words):
             raise ConfigError(f"`bad_words_ids` has to be a list of lists, but is {words!r}")
-        if any(not word or any(not _is_int(i) or i < 0 for i in word) for word in words):
+        if any(not word or any(not is_int(i) or i < 0 for i in word) for word in words):
             raise ConfigError(
                 "Each list in `bad_words_ids` has to be a non-empty list of non-negative integers, "
                 f"but is {words!r}"
             )
-        self.eos_token_id = _eos_ids(eos_token_id, ctx)
+        self.eos_token_id = eos_ids(eos_token_id, ctx)
         unique = {tuple(int(i) for i in word) for word in words}
         unique -= {(eos,) for eos in self.eos_token_id}
         self.bad_words_ids = sorted(unique)

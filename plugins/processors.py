@@ -23,12 +23,12 @@ Typical-p's cut depends on ties only through ``min_tokens_to_keep``.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable
 
 import numpy as np
 
 from ortgen import ConfigError, hookimpl
+from ortgen.plugins._args import as_float, is_int
 
 _NEG_INF = np.float32(-np.inf)
 _NEG_INF_BITS = _NEG_INF.view(np.int32)
@@ -50,21 +50,8 @@ def register_logits_processors(register):  # type: ignore[no-untyped-def]
 # --- argument checks (messages follow transformers' own) ---------------------
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
-
-
-def _as_float(name: str, value: object, expected: str) -> float:
-    """``value`` as a finite float, or ConfigError naming ``name`` and ``expected``."""
-    if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
-        result = float(value)
-        if math.isfinite(result):
-            return result
-    raise ConfigError(f"`{name}` has to be {expected}, but is {value!r}")
-
-
 def _check_min_tokens_to_keep(value: object) -> int:
-    if not _is_int(value) or value < 1:  # type: ignore[operator]
+    if not is_int(value) or value < 1:  # type: ignore[operator]
         raise ConfigError(
             f"`min_tokens_to_keep` has to be a positive integer (>= 1), but is {value!r}"
         )
@@ -182,7 +169,7 @@ class TemperatureProcessor:
 
     def __init__(self, temperature: float) -> None:
         expected = "a strictly positive float (> 0)"
-        value = _as_float("temperature", temperature, expected)
+        value = as_float("temperature", temperature, expected)
         if not value > 0:
             hint = " For greedy decoding, set `do_sample=False` instead." if value == 0 else ""
             raise ConfigError(f"`temperature` has to be {expected}, but is {temperature!r}.{hint}")
@@ -203,7 +190,7 @@ class TopKProcessor:
     """
 
     def __init__(self, top_k: int, min_tokens_to_keep: int = 1) -> None:
-        if not _is_int(top_k) or top_k < 0:
+        if not is_int(top_k) or top_k < 0:
             raise ConfigError(
                 f"`top_k` has to be a strictly positive integer (or 0 to disable), but is {top_k!r}"
             )
@@ -233,7 +220,7 @@ class TopPProcessor:
 
     def __init__(self, top_p: float, min_tokens_to_keep: int = 1) -> None:
         expected = "a float in the [0, 1] interval"
-        value = _as_float("top_p", top_p, expected)
+        value = as_float("top_p", top_p, expected)
         if not 0.0 <= value <= 1.0:
             raise ConfigError(f"`top_p` has to be {expected}, but is {top_p!r}")
         self.top_p = value
@@ -295,7 +282,7 @@ class MinPProcessor:
 
     def __init__(self, min_p: float, min_tokens_to_keep: int = 1) -> None:
         expected = "a float in the [0, 1] interval"
-        value = _as_float("min_p", min_p, expected)
+        value = as_float("min_p", min_p, expected)
         if not 0.0 <= value <= 1.0:
             raise ConfigError(f"`min_p` has to be {expected}, but is {min_p!r}")
         self.min_p = value
@@ -330,7 +317,7 @@ class TypicalPProcessor:
 
     def __init__(self, typical_p: float = 0.9, min_tokens_to_keep: int = 1) -> None:
         expected = "a float in the (0, 1] interval"
-        value = _as_float("typical_p", typical_p, expected)
+        value = as_float("typical_p", typical_p, expected)
         if not 0.0 < value <= 1.0:
             raise ConfigError(f"`typical_p` has to be {expected}, but is {typical_p!r}")
         self.typical_p = value

@@ -11,11 +11,11 @@ from __future__ import annotations
 import math
 import numbers
 import time
-from collections.abc import Sequence
 
 import numpy as np
 
 from ortgen import ConfigError, GenerationContext, hookimpl
+from ortgen.plugins._args import eos_ids, is_int
 
 
 @hookimpl
@@ -23,10 +23,6 @@ def register_stopping_criteria(register):  # type: ignore[no-untyped-def]
     register("eos", EosCriterion)
     register("max_length", MaxLengthCriterion)
     register("max_time", MaxTimeCriterion)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
 class EosCriterion:
@@ -41,19 +37,12 @@ class EosCriterion:
     def __init__(
         self, eos_token_id: int | list[int] | None = None, *, ctx: GenerationContext | None = None
     ) -> None:
-        value = eos_token_id
-        if value is None and ctx is not None:
-            value = list(ctx.eos_token_ids)
-        ids = [value] if _is_int(value) else value
-        if (
-            not isinstance(ids, Sequence)
-            or isinstance(ids, str)
-            or not all(_is_int(i) and i >= 0 for i in ids)
-        ):
+        if eos_token_id is None and ctx is None:
             raise ConfigError(
                 "`eos_token_id` has to be a non-negative integer or a non-empty list of them, "
-                f"but is {eos_token_id!r}"
+                "but is None"
             )
+        ids = eos_ids(eos_token_id, ctx)
         if len(ids) == 0:
             given = "the request has no EOS ids" if eos_token_id is None else "it is []"
             raise ConfigError(
@@ -76,7 +65,7 @@ class MaxLengthCriterion:
     finish_reason = "length"
 
     def __init__(self, max_length: int) -> None:
-        if not _is_int(max_length) or max_length < 1:
+        if not is_int(max_length) or max_length < 1:
             raise ConfigError(
                 f"`max_length` has to be a positive integer (>= 1), but is {max_length!r}"
             )
