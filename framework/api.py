@@ -321,7 +321,8 @@ def load(
 def ensure_default_model() -> Path:
     """The default model folder, exported on first use when the export extra is installed."""
     folder = default_model_dir()
-    from .export import build_default_model, is_complete_model_folder
+    from .default_model import build_default_model
+    from .export import is_complete_model_folder
 
     if is_complete_model_folder(folder):
         return folder

