@@ -7,7 +7,6 @@ component chain and drives a ``Generation`` step object.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,14 +17,13 @@ import numpy as np
 
 from . import config as config_mod
 from .chain import build_chain
-from .detokenizer import IncrementalDetokenizer
 from .errors import ComponentError, InputError, ModelLoadError
 from .generate import Generation
 from .model import ExportedModel
 from .paths import default_model_dir
 from .plugin_manager import build_registry, make_plugin_manager
 from .protocols import GenerationContext
-from .stop_strings import StopStringMatcher
+from .row_text import RowText
 from .tokenizer import Tokenizer, load_tokenizer
 
 Prompt = str | Sequence[int] | np.ndarray
@@ -103,19 +101,22 @@ class TextGenerator:
         rows, single = self._encode(prompts)
         started = time.perf_counter()
         state = self._start(rows, config)
-        watch = _StopWatch(self.tokenizer, config.stop_strings, state.batch_size)
+        texts = self._row_texts(config, state.batch_size)
         stats: dict[str, float] = {"prompt_tokens": float(state.prompt_length)}
         try:
             while not state.is_done:
+                active = state.unfinished.copy()
                 next_ids = state.step()
                 if state.steps == 1:
                     stats["prefill_s"] = time.perf_counter() - started
-                watch.update(state, next_ids)
+                for row in np.flatnonzero(active) if texts else ():
+                    if texts[row].push(int(next_ids[row])):
+                        state.finish(int(row), "stop_string")
         except ComponentError as exc:
-            exc.partial = self._output(state, watch, single, stats)  # type: ignore[attr-defined]
+            exc.partial = self._output(state, texts, single, stats)  # type: ignore[attr-defined]
             raise
         stats["total_s"] = time.perf_counter() - started
-        return self._output(state, watch, single and config.num_return_sequences == 1, stats)
+        return self._output(state, texts, single and config.num_return_sequences == 1, stats)
 
     def stream(
         self, prompt: Prompt, *, pipeline: Mapping[str, Any] | None = None, **settings: Any
@@ -127,22 +128,17 @@ class TextGenerator:
         if not single or config.num_return_sequences != 1:
             raise InputError("stream() takes one prompt and num_return_sequences=1; use generate()")
         state = self._start(rows, config)
-        detok = IncrementalDetokenizer(tokenizer)
-        matcher = StopStringMatcher(config.stop_strings) if config.stop_strings else None
-        text, shown = "", 0
+        row = RowText(tokenizer, config.stop_strings)
+        shown = 0
         while not state.is_done:
-            token = int(state.step()[0])
-            text += detok.push(token)
-            if matcher is not None and (cut := matcher.find(text)) is not None:
+            if row.push(int(state.step()[0])):
                 state.finish(0, "stop_string")
-                text = text[:cut]
                 break
-            safe = matcher.safe_length(text) if matcher else len(text)
-            if safe > shown:
-                yield text[shown:safe]
-                shown = safe
-        if state.finish_reasons[0] != "stop_string":
-            text += detok.flush()
+            showable = row.showable()
+            if showable > shown:
+                yield row.text[shown:showable]
+                shown = showable
+        text = row.close()
         if len(text) > shown:
             yield text[shown:]
 
@@ -251,11 +247,23 @@ class TextGenerator:
         context = self.model.max_context
         return min(max_length, context) if context else max_length
 
+    def _row_texts(self, config: config_mod.GenerationConfig, batch: int) -> list[RowText]:
+        """Per-row text watchers, needed only to stop on stop strings."""
+        if not config.stop_strings:
+            return []
+        tokenizer = self._need_tokenizer("stop_strings")
+        return [RowText(tokenizer, config.stop_strings) for _ in range(batch)]
+
     def _output(
-        self, state: Generation, watch: _StopWatch, single: bool, stats: dict[str, float]
+        self, state: Generation, rows: list[RowText], single: bool, stats: dict[str, float]
     ) -> GenerationOutput:
         tokens = [state.generated(r) for r in range(state.batch_size)]
-        texts = watch.texts(tokens) if self.tokenizer is not None else None
+        if rows:
+            texts: list[str] | None = [row.close() for row in rows]
+        elif self.tokenizer is not None:
+            texts = [self.tokenizer.decode(t) for t in tokens]
+        else:
+            texts = None
         reasons = [r or "error" for r in state.finish_reasons]
         steps = state.steps
         if "prefill_s" in stats and steps > 1 and "total_s" in stats:
@@ -264,42 +272,6 @@ class TextGenerator:
             )
         text: str | list[str] | None = texts[0] if single and texts is not None else texts
         return GenerationOutput(text, tokens, state.sequences.copy(), reasons, stats)
-
-
-class _StopWatch:
-    """Per-row text for stop strings: finishes rows whose text contains one, and trims it."""
-
-    def __init__(self, tokenizer: Tokenizer | None, stop_strings, batch: int) -> None:
-        if stop_strings and tokenizer is None:
-            raise InputError("stop_strings need a tokenizer; this model folder has none")
-        self.tokenizer = tokenizer
-        self.matcher = StopStringMatcher(stop_strings) if stop_strings else None
-        self._detoks = (
-            [IncrementalDetokenizer(tokenizer) for _ in range(batch)] if self.matcher else []
-        )
-        self._texts = [""] * batch if self.matcher else []
-        self._cuts: dict[int, int] = {}
-
-    def update(self, state: Generation, next_ids: np.ndarray) -> None:
-        if self.matcher is None:
-            return
-        for row, token in enumerate(next_ids.tolist()):
-            if row in self._cuts:
-                continue
-            piece = self._detoks[row].push(token)
-            start = len(self._texts[row])  # find() reaches back over the boundary itself
-            self._texts[row] += piece
-            cut = self.matcher.find(self._texts[row], start)
-            if cut is not None:
-                self._cuts[row] = cut
-                state.finish(row, "stop_string")
-
-    def texts(self, tokens: list[list[int]]) -> list[str]:
-        assert self.tokenizer is not None
-        texts = [self.tokenizer.decode(t) for t in tokens]
-        for row, cut in self._cuts.items():
-            texts[row] = self._texts[row][:cut]
-        return texts
 
 
 def load(
@@ -322,7 +294,7 @@ def ensure_default_model() -> Path:
     """The default model folder, exported on first use when the export extra is installed."""
     folder = default_model_dir()
     from .default_model import build_default_model
-    from .export import is_complete_model_folder
+    from .export import is_complete_model_folder, print_progress
 
     if is_complete_model_folder(folder):
         return folder
@@ -334,7 +306,4 @@ def ensure_default_model() -> Path:
             "tools: pip install 'ortgen[export]', then run `ortgen export --default`"
         ) from exc
 
-    def progress(message: str) -> None:
-        print(f"[ortgen] {message}", file=sys.stderr, flush=True)
-
-    return build_default_model(folder.parent, progress=progress)
+    return build_default_model(folder.parent, progress=print_progress)

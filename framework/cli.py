@@ -117,20 +117,17 @@ def _answer(gen, history: list[dict[str, str]], settings: dict[str, Any]) -> Non
 
 def cmd_export(args: argparse.Namespace) -> int:
     from .default_model import build_default_model
-    from .export import export_model
+    from .export import export_model, print_progress
     from .paths import models_dir
-
-    def progress(message: str) -> None:
-        print(f"[ortgen] {message}", file=sys.stderr, flush=True)
 
     if args.default:
         build_default_model(
-            Path(args.models_dir) if args.models_dir else models_dir(), progress=progress
+            Path(args.models_dir) if args.models_dir else models_dir(), progress=print_progress
         )
         return 0
     if not args.source or not args.out:
         raise OrtgenError("ortgen export needs SOURCE and OUT (or --default)")
-    export_model(args.source, args.out, progress=progress, overwrite=args.overwrite)
+    export_model(args.source, args.out, progress=print_progress, overwrite=args.overwrite)
     return 0
 
 

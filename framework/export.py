@@ -23,6 +23,7 @@ import datetime as _dt
 import hashlib
 import json
 import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -45,6 +46,11 @@ _WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin", "model*.bin")
 _EXPECTED_SOURCE = "expected a Hugging Face model folder (config.json + weights) or a .gguf file"
 
 Progress = Callable[[str], None]
+
+
+def print_progress(message: str) -> None:
+    """The command line's progress output: one ``[ortgen]`` line per stage, on stderr."""
+    print(f"[ortgen] {message}", file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------- public API

@@ -62,3 +62,18 @@ def test_stop_strings_trim_text_and_stop_early(default_gen):
     assert out.finish_reasons == ["stop_string"]
     assert out.text == free.text[: free.text.index(" 9")]
     assert len(out.tokens[0]) < len(free.tokens[0])
+
+
+def test_stop_strings_per_row_and_in_stream(default_gen):
+    prompts = ["1, 2, 3, 4, 5, 6,", "The capital of France is"]
+    free = default_gen.generate(prompts, max_new_tokens=16)
+    stop = " 9"
+    assert stop in free.text[0] and stop not in free.text[1]
+    out = default_gen.generate(prompts, max_new_tokens=16, stop_strings=[stop])
+    assert (
+        out.finish_reasons[0] == "stop_string" and out.finish_reasons[1] == free.finish_reasons[1]
+    )
+    assert out.text[0] == free.text[0][: free.text[0].index(stop)]
+    assert out.text[1] == free.text[1] and out.tokens[1] == free.tokens[1]
+    streamed = "".join(default_gen.stream(prompts[0], max_new_tokens=16, stop_strings=[stop]))
+    assert streamed == out.text[0]
