@@ -85,7 +85,8 @@ class Generation:
         for name, processor in self.chain.processors:
             scores = self._call("logits processor", name, processor, input_ids, scores)
             _check_scores(name, scores, shape, self.steps)
-        _check_not_nan(scores, self.chain, self.steps)
+        if self.chain.processors:  # raw model logits go straight to the sampler, which checks
+            _check_not_nan(scores, self.chain, self.steps)
         sampler_name, sampler = self.chain.sampler
         next_ids = self._call("sampler", sampler_name, sampler, input_ids, scores)
         next_ids = _check_ids(sampler_name, next_ids, self.batch_size, scores.shape[1], self.steps)
@@ -244,7 +245,7 @@ def _check_not_nan(scores: np.ndarray, chain: Chain, step: int) -> None:
     """A row of all-NaN scores cannot be sampled from: name who produced it."""
     bad = np.isnan(scores).all(axis=1)
     if bad.any():
-        names = [n for n, _ in chain.processors] or ["the model"]
+        names = [n for n, _ in chain.processors]
         raise ComponentError(
             f"scores of row {int(np.flatnonzero(bad)[0])} are NaN everywhere at step {step} "
             f"after {' -> '.join(names)}"
