@@ -77,3 +77,22 @@ def test_stop_strings_per_row_and_in_stream(default_gen):
     assert out.text[1] == free.text[1] and out.tokens[1] == free.tokens[1]
     streamed = "".join(default_gen.stream(prompts[0], max_new_tokens=16, stop_strings=[stop]))
     assert streamed == out.text[0]
+
+
+def test_generation_runs_without_torch_or_transformers(default_model_dir):
+    """Embedded use: loading and generating must not import the export stack."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, ortgen\n"
+        f"gen = ortgen.load({str(default_model_dir)!r})\n"
+        "out = gen.chat([{'role': 'user', 'content': 'Hi'}], max_new_tokens=4)\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'optimum', 'onnx', 'gguf')\n"
+        "               if m in sys.modules)\n"
+        "print(len(out.tokens[0]), heavy)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert result.stdout.strip() == "4 []"
