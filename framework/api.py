@@ -99,6 +99,7 @@ class TextGenerator:
         """Generate for one prompt or a batch (text or token ids)."""
         config = self.resolve_config(settings, pipeline=pipeline).config
         rows, single = self._encode(prompts)
+        single = single and config.num_return_sequences == 1  # then `text` is a str
         started = time.perf_counter()
         state = self._start(rows, config)
         texts = self._row_texts(config, state.batch_size)
@@ -116,7 +117,7 @@ class TextGenerator:
             exc.partial = self._output(state, texts, single, stats)  # type: ignore[attr-defined]
             raise
         stats["total_s"] = time.perf_counter() - started
-        return self._output(state, texts, single and config.num_return_sequences == 1, stats)
+        return self._output(state, texts, single, stats)
 
     def stream(
         self, prompt: Prompt, *, pipeline: Mapping[str, Any] | None = None, **settings: Any

@@ -129,3 +129,20 @@ def test_chunked_prefill_equals_one_forward(models, chunk):
         state.step()
     for row, prompt in enumerate(PROMPTS):
         assert state.generated(row) == hf_greedy(hf, prompt, 10, eos=None), f"row {row}"
+
+
+def test_num_return_sequences_expands_each_prompt(models):
+    _, gen = models
+    kwargs = dict(max_new_tokens=8, eos_token_id=None, do_sample=True, top_k=0, seed=3)
+    out = gen.generate([PROMPTS[0], PROMPTS[1]], num_return_sequences=3, **kwargs)
+    assert out.sequences.shape[0] == 6 and len(out.tokens) == 6
+    # rows 0-2 continue PROMPTS[0], rows 3-5 PROMPTS[1]
+    width = out.sequences.shape[1] - 8
+    assert all(
+        out.sequences[r, width - len(PROMPTS[0]) : width].tolist() == PROMPTS[0] for r in range(3)
+    )
+    assert all(
+        out.sequences[r, width - len(PROMPTS[1]) : width].tolist() == PROMPTS[1]
+        for r in range(3, 6)
+    )
+    assert len({tuple(t) for t in out.tokens[:3]}) > 1, "sampled rows should differ"
