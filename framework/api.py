@@ -123,13 +123,16 @@ class TextGenerator:
         self, prompt: Prompt, *, pipeline: Mapping[str, Any] | None = None, **settings: Any
     ) -> Iterator[str]:
         """Yield text pieces as they are generated (one prompt); stop strings held back."""
-        tokenizer = self._need_tokenizer("stream()")
+        self._need_tokenizer("stream()")
         config = self.resolve_config(settings, pipeline=pipeline).config
         rows, single = self._encode(prompt)
         if not single or config.num_return_sequences != 1:
             raise InputError("stream() takes one prompt and num_return_sequences=1; use generate()")
-        state = self._start(rows, config)
-        row = RowText(tokenizer, config.stop_strings)
+        return self.stream_state(self._start(rows, config), config)
+
+    def stream_state(self, state: Generation, config: config_mod.GenerationConfig) -> Iterator[str]:
+        """Drive a one-row ``state`` to its end, yielding text as it becomes safe to show."""
+        row = RowText(self._need_tokenizer("stream()"), config.stop_strings)
         shown = 0
         while not state.is_done:
             if row.push(int(state.step()[0])):
@@ -142,6 +145,38 @@ class TextGenerator:
         text = row.close()
         if len(text) > shown:
             yield text[shown:]
+
+    def next_turn(
+        self, state: Generation | None, prompt: list[int], **settings: Any
+    ) -> tuple[Generation, config_mod.GenerationConfig]:
+        """A one-row request for ``prompt`` that reuses ``state``'s KV cache when it can.
+
+        When the tokens already in ``state`` are a prefix of ``prompt`` (a conversation
+        that went on), only the rest is fed; otherwise the prompt starts afresh.
+        """
+        config = self.resolve_config(settings).config
+        if config.num_return_sequences != 1:
+            raise InputError("a conversation continues one row; num_return_sequences must be 1")
+        self._check_ids(prompt, 0)
+        held = state.sequences[0].tolist() if state is not None and state.batch_size == 1 else []
+        if not held or len(prompt) <= len(held) or prompt[: len(held)] != held:
+            return self._start([prompt], config), config
+        assert state is not None
+        ctx, chain_cache = (
+            self._context([prompt], config),
+            (state.chain.cache_name, state.chain.cache),
+        )
+        state.reserve(ctx.max_length)
+        state.append(
+            [prompt[len(held) :]], chain=build_chain(self.registry, ctx, cache=chain_cache)
+        )
+        return state, config
+
+    def chat_session(self, messages: Sequence[Mapping[str, str]] = (), **settings: Any):
+        """A conversation that keeps its KV cache between turns (see ``ChatSession``)."""
+        from .chat import ChatSession
+
+        return ChatSession(self, messages, **settings)
 
     def chat(
         self,
@@ -216,23 +251,29 @@ class TextGenerator:
     def _start(self, rows: list[list[int]], config: config_mod.GenerationConfig) -> Generation:
         if config.num_return_sequences > 1:
             rows = [row for row in rows for _ in range(config.num_return_sequences)]
+        ctx = self._context(rows, config)
+        chain = build_chain(self.registry, ctx)
+        return Generation(
+            self.model, chain, rows, max_length=ctx.max_length, pad_token_id=ctx.pad_token_id
+        )
+
+    def _context(
+        self, rows: list[list[int]], config: config_mod.GenerationConfig
+    ) -> GenerationContext:
         prompt_length = max(len(r) for r in rows)
-        max_length = self._max_length(config, prompt_length)
         eos = config.eos_token_ids
         pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
-        ctx = GenerationContext(
+        return GenerationContext(
             config=config,
             batch_size=len(rows),
             prompt_length=prompt_length,
             vocab_size=self.model.signature.vocab_size,
             eos_token_ids=eos,
             pad_token_id=pad,
-            max_length=max_length,
+            max_length=self._max_length(config, prompt_length),
             signature=self.model.signature,
             seed=config.seed,
         )
-        chain = build_chain(self.registry, ctx)
-        return Generation(self.model, chain, rows, max_length=max_length, pad_token_id=pad)
 
     def _max_length(self, config: config_mod.GenerationConfig, prompt_length: int) -> int:
         if config.max_new_tokens is not None:

@@ -80,19 +80,25 @@ def _explicit(components: tuple[Mapping[str, Any], ...]) -> list[Spec]:
     return [(spec["name"], {k: v for k, v in spec.items() if k != "name"}) for spec in components]
 
 
-def build_chain(registry: Registry, ctx: GenerationContext) -> Chain:
-    """Create every component of one request (factories run once, here)."""
+def build_chain(
+    registry: Registry, ctx: GenerationContext, *, cache: tuple[str, KVCache] | None = None
+) -> Chain:
+    """Create every component of one request (factories run once, here).
+
+    ``cache`` (name, backend) carries a cache over from an earlier turn of the same
+    conversation instead of creating a new one.
+    """
     config = ctx.config
 
     def create(kind: str, spec: Spec) -> tuple[str, Any]:
         name, params = spec
         return name, registry.create(kind, name, params, ctx)
 
-    cache_name, cache = create("kv_cache", _explicit((config.cache,))[0])
+    cache_name, cache_backend = cache or create("kv_cache", _explicit((config.cache,))[0])
     return Chain(
         processors=[create("logits_processor", s) for s in processor_specs(config)],
         sampler=create("sampler", sampler_spec(config)),
         stopping=[create("stopping_criterion", s) for s in stopping_specs(config, ctx.max_length)],
-        cache=cache,
+        cache=cache_backend,
         cache_name=cache_name,
     )

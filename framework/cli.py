@@ -79,13 +79,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     gen = _load(args)
-    settings = _settings(args)
-    history: list[dict[str, str]] = []
-    if args.system:
-        history.append({"role": "system", "content": args.system})
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    session = gen.chat_session(system, **_settings(args))
     if args.message is not None:
-        history.append({"role": "user", "content": args.message})
-        _answer(gen, history, settings)
+        _answer(session, args.message)
         return 0
     print("ortgen chat: type a message, an empty line or Ctrl-D to quit.", file=sys.stderr)
     while True:
@@ -96,23 +93,19 @@ def cmd_chat(args: argparse.Namespace) -> int:
             return 0
         if not line.strip():
             return 0
-        history.append({"role": "user", "content": line})
-        try:
-            _answer(gen, history, settings)
-        except KeyboardInterrupt:  # keep the partial answer in the history
-            print("\n[interrupted]", file=sys.stderr)
+        _answer(session, line)
 
 
-def _answer(gen, history: list[dict[str, str]], settings: dict[str, Any]) -> None:
-    prompt = gen.chat_prompt(history)
-    reply = ""
+def _answer(session, message: str) -> None:
+    """Stream one answer; Ctrl-C stops it, and the partial answer stays in the history."""
+    pieces = session.send(message)
     try:
-        for piece in gen.stream(prompt, **settings):
-            reply += piece
+        for piece in pieces:
             print(piece, end="", flush=True)
-    finally:
-        print()
-        history.append({"role": "assistant", "content": reply})
+    except KeyboardInterrupt:
+        pieces.close()
+        print("\n[interrupted]", file=sys.stderr)
+    print()
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -103,18 +103,25 @@ class Generation:
             self.finish_reasons[row] = reason
             self._finished_at[row] = self.length
 
-    def append(self, tokens: Sequence[Sequence[int]]) -> None:
-        """Add tokens to every row (a chat turn) and reopen the rows; fed on the next step."""
+    def append(self, tokens: Sequence[Sequence[int]], *, chain: Chain | None = None) -> None:
+        """Add tokens to every row and reopen the rows; they are fed on the next step.
+
+        With ``chain`` this starts a new turn (a chat continuing): the new components
+        take over (the cache stays), and ``generated()`` counts from after ``tokens``.
+        """
         if len(tokens) != self.batch_size:
             raise InputError(f"append() needs one token list per row ({self.batch_size} rows)")
         width = len(tokens[0])
         if any(len(t) != width for t in tokens) or width == 0:
             raise InputError("append() needs non-empty token lists of equal length")
-        self._ensure_capacity(self.length + width)
+        self.reserve(self.length + width)
         self.ids[:, self.length : self.length + width] = np.asarray(tokens, dtype=np.int64)
         self.mask[:, self.length : self.length + width] = 1
         self.length += width
         self._next_position += width
+        if chain is not None:
+            self.chain = chain
+            self.prompt_length = self.length
         self._reopen()
 
     def rewind(self, count: int) -> None:
@@ -178,7 +185,7 @@ class Generation:
             ) from exc
 
     def _append_column(self, next_ids: np.ndarray) -> None:
-        self._ensure_capacity(self.length + 1)
+        self.reserve(self.length + 1)
         self.ids[:, self.length] = next_ids
         self.mask[:, self.length] = 1
         self.length += 1
@@ -208,7 +215,8 @@ class Generation:
         self.finish_reasons = [None] * self.batch_size
         self._finished_at.clear()
 
-    def _ensure_capacity(self, needed: int) -> None:
+    def reserve(self, needed: int) -> None:
+        """Make the buffers hold at least ``needed`` tokens per row (grows by doubling)."""
         capacity = self.ids.shape[1]
         if needed <= capacity:
             return

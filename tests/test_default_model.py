@@ -96,3 +96,45 @@ def test_generation_runs_without_torch_or_transformers(default_model_dir):
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert result.stdout.strip() == "4 []"
+
+
+def test_chat_session_reuses_the_cache_and_answers_like_a_fresh_chat(default_gen):
+    session = default_gen.chat_session(max_new_tokens=24)
+    first = "".join(session.send("My name is Ana. Say hello."))
+    assert session.reused_tokens == 0
+    second = "".join(session.send("What is my name?"))
+    assert session.reused_tokens > 30  # the first turn was not prefilled again
+    history = session.messages[:-1]
+    assert [m["role"] for m in history] == ["user", "assistant", "user"]
+    assert history[1]["content"] == first
+    fresh = default_gen.chat(history, max_new_tokens=24)
+    assert second == fresh.text
+    assert session.state.generated(0) == fresh.tokens[0]
+
+
+def test_chat_session_keeps_a_partial_answer(default_gen):
+    session = default_gen.chat_session(max_new_tokens=24)
+    pieces = session.send("Tell me a long story.")
+    first = next(pieces)
+    pieces.close()  # the caller stopped reading (Ctrl-C in the CLI)
+    assert session.messages[-1] == {"role": "assistant", "content": first}
+
+
+def test_cli_chat_and_generate(default_model_dir, capsys, monkeypatch, default_gen):
+    from ortgen.cli import main
+
+    model = ["--model", str(default_model_dir)]
+    assert main(["chat", "What is the capital of France?", "--max-new-tokens", "32", *model]) == 0
+    assert "Paris" in capsys.readouterr().out
+
+    lines = iter(["My name is Ana.", "What is my name?", ""])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
+    assert main(["chat", "--max-new-tokens", "16", *model]) == 0
+    answers = capsys.readouterr().out.strip().splitlines()
+    history = [{"role": "user", "content": "My name is Ana."}]
+    first = default_gen.chat(history, max_new_tokens=16).text
+    assert answers[0] == first
+
+    assert main(["generate", "The capital of France is", "--max-new-tokens", "8", *model]) == 0
+    expected = default_gen.generate("The capital of France is", max_new_tokens=8).text
+    assert capsys.readouterr().out == expected + "\n"

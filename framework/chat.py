@@ -1,0 +1,52 @@
+"""A conversation that keeps its KV cache between turns.
+
+Each turn renders the whole history with the model's chat template (the template, not
+ortgen, decides the text). When the tokens already held are a prefix of the new prompt,
+only the new tokens are fed, so earlier turns are not prefilled again; when they are not
+(a template that rewrites history, an answer that re-tokenizes differently), the turn
+starts afresh and the answer is the same either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .api import TextGenerator
+    from .generate import Generation
+
+
+class ChatSession:
+    """``messages`` so far, and the step object that holds their keys and values."""
+
+    def __init__(
+        self,
+        generator: TextGenerator,
+        messages: Sequence[Mapping[str, str]] = (),
+        **settings: Any,
+    ) -> None:
+        self.generator = generator
+        self.messages: list[dict[str, str]] = [dict(m) for m in messages]
+        self.settings = settings
+        self.state: Generation | None = None
+        self.reused_tokens = 0  # tokens of the last turn's prompt that were not fed again
+
+    def send(self, content: str, **settings: Any) -> Iterator[str]:
+        """Add a user message and stream the answer; the answer joins the history even
+        when the caller stops early (the partial text is kept)."""
+        self.messages.append({"role": "user", "content": content})
+        prompt = self.generator.chat_prompt(self.messages)
+        previous = self.state
+        held = previous.length if previous is not None else 0
+        self.state, config = self.generator.next_turn(
+            previous, prompt, **{**self.settings, **settings}
+        )
+        self.reused_tokens = held if self.state is previous else 0
+        reply = ""
+        try:
+            for piece in self.generator.stream_state(self.state, config):
+                reply += piece
+                yield piece
+        finally:
+            self.messages.append({"role": "assistant", "content": reply})
