@@ -195,12 +195,7 @@ class Generation:
         input_ids = self.ids[:, : self.length]
         for name, criterion in self.chain.stopping:
             done = self._call("stopping criterion", name, criterion, input_ids, scores)
-            done = np.asarray(done)
-            if done.shape != (self.batch_size,) or done.dtype != bool:
-                raise ComponentError(
-                    f"stopping criterion {name!r} returned {done.dtype} {done.shape} at step "
-                    f"{self.steps}; expected bool ({self.batch_size},)"
-                )
+            done = _check_stop(name, done, self.batch_size, self.steps)
             newly = done & self.unfinished
             if newly.any():
                 reason = getattr(criterion, "finish_reason", name)
@@ -272,3 +267,13 @@ def _check_ids(name: str, ids: object, batch: int, vocab: int, step: int) -> np.
             f"sampler {name!r} returned a token id outside [0, {vocab}) at step {step}"
         )
     return array.astype(np.int64, copy=False)
+
+
+def _check_stop(name: str, done: object, batch: int, step: int) -> np.ndarray:
+    array = np.asarray(done)
+    if array.shape != (batch,) or array.dtype != bool:
+        raise ComponentError(
+            f"stopping criterion {name!r} returned {array.dtype} {array.shape} at step {step}; "
+            f"expected bool ({batch},)"
+        )
+    return array

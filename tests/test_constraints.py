@@ -10,20 +10,15 @@ from hypothesis.extra import numpy as hnp
 
 from ortgen import ConfigError, GenerationContext
 from ortgen.plugins import constraints as C
+from ortgen.testing import make_context
 
 torch = pytest.importorskip("torch")
 hf = pytest.importorskip("transformers.generation.logits_process")
 
 
 def make_ctx(prompt_length=4, eos=(2,), vocab=50) -> GenerationContext:
-    return GenerationContext(
-        config=None,  # type: ignore[arg-type]
-        batch_size=1,
-        prompt_length=prompt_length,
-        vocab_size=vocab,
-        eos_token_ids=eos,
-        pad_token_id=0,
-        max_length=100,
+    return make_context(
+        prompt_length=prompt_length, eos_token_ids=eos, vocab_size=vocab, max_length=100
     )
 
 

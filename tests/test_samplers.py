@@ -10,21 +10,13 @@ from hypothesis.extra import numpy as hnp
 
 from ortgen import ComponentError, GenerationContext
 from ortgen.plugins import samplers as S
+from ortgen.testing import make_context
 
 IDS = np.zeros((1, 1), dtype=np.int64)
 
 
 def make_ctx(seed) -> GenerationContext:
-    return GenerationContext(
-        config=None,  # type: ignore[arg-type]
-        batch_size=1,
-        prompt_length=1,
-        vocab_size=10,
-        eos_token_ids=(),
-        pad_token_id=0,
-        max_length=10,
-        seed=seed,
-    )
+    return make_context(vocab_size=10, seed=seed)
 
 
 def softmax(scores: np.ndarray) -> np.ndarray:

@@ -9,6 +9,7 @@ import pytest
 
 from ortgen import ConfigError, GenerationContext
 from ortgen.plugins import stopping as S
+from ortgen.testing import make_context
 
 torch = pytest.importorskip("torch")
 hf = pytest.importorskip("transformers.generation.stopping_criteria")
@@ -17,15 +18,7 @@ SCORES = np.zeros((1, 1), np.float32)  # criteria here ignore the scores
 
 
 def make_ctx(eos) -> GenerationContext:
-    return GenerationContext(
-        config=None,  # type: ignore[arg-type]
-        batch_size=1,
-        prompt_length=1,
-        vocab_size=10,
-        eos_token_ids=eos,
-        pad_token_id=0,
-        max_length=10,
-    )
+    return make_context(vocab_size=10, eos_token_ids=eos)
 
 
 def hf_done(criterion, input_ids: np.ndarray) -> np.ndarray:

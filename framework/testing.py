@@ -1,0 +1,108 @@
+"""Helpers for testing a component without a model: a request context and contract checks.
+
+A plugin's own tests can build its components the way the loop does and call them the
+way the loop does; the checks are the loop's own, so a component that passes them here
+will not be rejected there.
+
+    from ortgen.testing import check_logits_processor, make_context
+    out = check_logits_processor(MyProcessor(alpha=0.5, ctx=make_context(vocab_size=64)))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .config import GenerationConfig
+from .errors import ComponentError
+from .generate import _check_ids, _check_scores, _check_stop
+from .protocols import GenerationContext, LogitsProcessor, Sampler, StoppingCriterion
+
+
+def make_context(
+    *,
+    vocab_size: int = 32,
+    batch_size: int = 1,
+    prompt_length: int = 4,
+    eos_token_ids: tuple[int, ...] = (),
+    pad_token_id: int = 0,
+    max_length: int | None = None,
+    seed: int | None = None,
+    config: GenerationConfig | None = None,
+    **extras: Any,
+) -> GenerationContext:
+    """A ``GenerationContext`` for a component under test; unspecified facts get small defaults."""
+    return GenerationContext(
+        config=config or GenerationConfig(seed=seed),
+        batch_size=batch_size,
+        prompt_length=prompt_length,
+        vocab_size=vocab_size,
+        eos_token_ids=tuple(eos_token_ids),
+        pad_token_id=pad_token_id,
+        max_length=max_length if max_length is not None else prompt_length + 16,
+        seed=seed,
+        extras=extras,
+    )
+
+
+def sample_inputs(
+    *, batch_size: int = 2, vocab_size: int = 32, length: int = 6, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Random ``input_ids`` (B, T) int64 and ``scores`` (B, V) float32, as the loop passes them."""
+    rng = np.random.default_rng(seed)
+    input_ids = rng.integers(0, vocab_size, size=(batch_size, length), dtype=np.int64)
+    scores = rng.standard_normal((batch_size, vocab_size)).astype(np.float32)
+    return input_ids, scores
+
+
+def check_logits_processor(
+    processor: LogitsProcessor,
+    input_ids: np.ndarray | None = None,
+    scores: np.ndarray | None = None,
+) -> np.ndarray:
+    """Call ``processor`` once and check the contract: (B, V) floats out, inputs untouched."""
+    if input_ids is None or scores is None:
+        input_ids, scores = sample_inputs()
+    before = input_ids.copy(), scores.copy()
+    out = processor(input_ids, scores)
+    _check_scores(_name(processor), out, scores.shape, step=0)
+    _check_untouched(processor, before, (input_ids, scores))
+    return out
+
+
+def check_sampler(
+    sampler: Sampler, input_ids: np.ndarray | None = None, scores: np.ndarray | None = None
+) -> np.ndarray:
+    """Call ``sampler`` once and check it returns one valid token id per row."""
+    if input_ids is None or scores is None:
+        input_ids, scores = sample_inputs()
+    before = input_ids.copy(), scores.copy()
+    out = sampler(input_ids, scores)
+    ids = _check_ids(_name(sampler), out, scores.shape[0], scores.shape[1], step=0)
+    _check_untouched(sampler, before, (input_ids, scores))
+    return ids
+
+
+def check_stopping_criterion(
+    criterion: StoppingCriterion,
+    input_ids: np.ndarray | None = None,
+    scores: np.ndarray | None = None,
+) -> np.ndarray:
+    """Call ``criterion`` once and check it returns one bool per row."""
+    if input_ids is None or scores is None:
+        input_ids, scores = sample_inputs()
+    before = input_ids.copy(), scores.copy()
+    done = _check_stop(_name(criterion), criterion(input_ids, scores), scores.shape[0], step=0)
+    _check_untouched(criterion, before, (input_ids, scores))
+    return done
+
+
+def _name(component: object) -> str:
+    return type(component).__name__
+
+
+def _check_untouched(component: object, before: tuple, after: tuple) -> None:
+    for label, old, new in zip(("input_ids", "scores"), before, after, strict=True):
+        if not np.array_equal(old, new, equal_nan=label == "scores"):
+            raise ComponentError(f"{_name(component)} modified its {label} argument in place")
