@@ -26,6 +26,7 @@ class ChatSession:
         messages: Sequence[Mapping[str, str]] = (),
         **settings: Any,
     ) -> None:
+        generator.resolve_config(settings)  # a bad setting fails now, not at the first answer
         self.generator = generator
         self.messages: list[dict[str, str]] = [dict(m) for m in messages]
         self.settings = settings

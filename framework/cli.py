@@ -67,10 +67,8 @@ def _load(args: argparse.Namespace):
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    gen = _load(args)
     settings = _settings(args)
-    if gen.tokenizer is None:
-        raise OrtgenError(f"{gen.path} has no tokenizer, so it cannot take a text prompt")
+    gen = _load(args)
     for piece in gen.stream(args.prompt, **settings):
         print(piece, end="", flush=True)
     print()
@@ -78,9 +76,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    settings = _settings(args)
     gen = _load(args)
     system = [{"role": "system", "content": args.system}] if args.system else []
-    session = gen.chat_session(system, **_settings(args))
+    session = gen.chat_session(system, **settings)
     if args.message is not None:
         _answer(session, args.message)
         return 0

@@ -137,7 +137,6 @@ class ExportedModel:
         self.config = _read_config(self.path)
         self.max_context = _max_context(self.config)
         self._output_names = ["logits", *self.signature.present_outputs]
-        self._cpu = ort.OrtDevice.make("cpu", 0) if hasattr(ort, "OrtDevice") else None
 
     def forward(
         self,
