@@ -97,6 +97,13 @@ def _layer_key(pattern: re.Pattern[str]):
     return key
 
 
+def available_cores() -> int:
+    """Cores this process may run on (a container's CPU set, not the host's count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
 def session_options(threads: int | None = None, spinning: bool = False) -> ort.SessionOptions:
     """CPU session options: ``threads`` intra-op threads (default: all cores), spinning off.
 
@@ -104,7 +111,7 @@ def session_options(threads: int | None = None, spinning: bool = False) -> ort.S
     decode speed, so it is opt-in.
     """
     options = ort.SessionOptions()
-    options.intra_op_num_threads = threads or os.cpu_count() or 1
+    options.intra_op_num_threads = threads or available_cores()
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     flag = "1" if spinning else "0"
