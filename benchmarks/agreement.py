@@ -11,11 +11,10 @@ compares (1) greedy tokens, (2) teacher-forced argmax agreement over ortgen's se
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import numpy as np
 import torch
+from decode_speed import write_report
 from transformers import AutoModelForCausalLM
 
 import ortgen
@@ -72,9 +71,7 @@ def main() -> None:
     print(f"greedy tokens equal to transformers  {same_prefix}/{len(ours)}")
     print(f"teacher-forced argmax agreement      {100 * teacher_forced:.1f}%")
     print(f"max |logit difference|               {report['max_abs_logit_diff']:.2e}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

@@ -10,11 +10,9 @@ ratios even on a noisy machine. Writes benchmarks/results/context_sweep.json;
 from __future__ import annotations
 
 import argparse
-import json
 import resource
-from pathlib import Path
 
-from decode_speed import measure
+from decode_speed import measure, write_report
 
 import ortgen
 
@@ -57,10 +55,7 @@ def main() -> None:
         "points": points,
     }
     print(f"peak RSS {report['peak_rss_mb']:.0f} MB")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    print(f"written {out}")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

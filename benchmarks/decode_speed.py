@@ -72,6 +72,14 @@ def measure(
     }
 
 
+def write_report(path: str, report: dict) -> None:
+    """Save a benchmark's figures as JSON (benchmarks/results/ is git-ignored)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print(f"written {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="exported model folder (default: the built-in model)")
@@ -107,10 +115,7 @@ def main() -> None:
             f"({r['decode_tok_s']:.1f} tok/s), {100 * r['share_in_session_run']:.2f}% inside "
             f"session.run, loop {r['loop_overhead_ms_per_token']:.3f} ms/token"
         )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    print(f"written             {out}")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

@@ -62,12 +62,8 @@ def check_logits_processor(
     scores: np.ndarray | None = None,
 ) -> np.ndarray:
     """Call ``processor`` once and check the contract: (B, V) floats out, inputs untouched."""
-    if input_ids is None or scores is None:
-        input_ids, scores = sample_inputs()
-    before = input_ids.copy(), scores.copy()
-    out = processor(input_ids, scores)
+    input_ids, scores, out = _call(processor, input_ids, scores)
     _check_scores(_name(processor), out, scores.shape, step=0)
-    _check_untouched(processor, before, (input_ids, scores))
     return out
 
 
@@ -75,13 +71,8 @@ def check_sampler(
     sampler: Sampler, input_ids: np.ndarray | None = None, scores: np.ndarray | None = None
 ) -> np.ndarray:
     """Call ``sampler`` once and check it returns one valid token id per row."""
-    if input_ids is None or scores is None:
-        input_ids, scores = sample_inputs()
-    before = input_ids.copy(), scores.copy()
-    out = sampler(input_ids, scores)
-    ids = _check_ids(_name(sampler), out, scores.shape[0], scores.shape[1], step=0)
-    _check_untouched(sampler, before, (input_ids, scores))
-    return ids
+    input_ids, scores, out = _call(sampler, input_ids, scores)
+    return _check_ids(_name(sampler), out, scores.shape[0], scores.shape[1], step=0)
 
 
 def check_stopping_criterion(
@@ -90,19 +81,24 @@ def check_stopping_criterion(
     scores: np.ndarray | None = None,
 ) -> np.ndarray:
     """Call ``criterion`` once and check it returns one bool per row."""
+    input_ids, scores, out = _call(criterion, input_ids, scores)
+    return _check_stop(_name(criterion), out, scores.shape[0], step=0)
+
+
+def _call(
+    component: Any, input_ids: np.ndarray | None, scores: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, Any]:
+    """Call ``component`` as the loop does (sample inputs when none are given); no component
+    may change its arguments, so they are compared with copies taken before the call."""
     if input_ids is None or scores is None:
         input_ids, scores = sample_inputs()
     before = input_ids.copy(), scores.copy()
-    done = _check_stop(_name(criterion), criterion(input_ids, scores), scores.shape[0], step=0)
-    _check_untouched(criterion, before, (input_ids, scores))
-    return done
+    out = component(input_ids, scores)
+    for label, old, new in zip(("input_ids", "scores"), before, (input_ids, scores), strict=True):
+        if not np.array_equal(old, new, equal_nan=label == "scores"):
+            raise ComponentError(f"{_name(component)} modified its {label} argument in place")
+    return input_ids, scores, out
 
 
 def _name(component: object) -> str:
     return type(component).__name__
-
-
-def _check_untouched(component: object, before: tuple, after: tuple) -> None:
-    for label, old, new in zip(("input_ids", "scores"), before, after, strict=True):
-        if not np.array_equal(old, new, equal_nan=label == "scores"):
-            raise ComponentError(f"{_name(component)} modified its {label} argument in place")
