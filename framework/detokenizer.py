@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from .clean_up import StreamingCleanUp
 from .errors import InputError
 from .tokenizer import Tokenizer
@@ -95,10 +93,6 @@ class IncrementalDetokenizer:
             if pending > _HARD_LIMIT:
                 return self._release(text[len(prefix) :], len(ids))
         return ""
-
-    def push_many(self, token_ids: Iterable[int]) -> str:
-        """``push`` each id; return the joined text."""
-        return "".join(self.push(t) for t in token_ids)
 
     def flush(self) -> str:
         """Return everything held back (call once, at the end of the sequence)."""

@@ -97,18 +97,24 @@ def test_detokenizer_skips_special_tokens(pair):
     )
 
 
-def test_detokenizer_window_is_bounded(pair):
-    tok, _ = pair
-    rng = random.Random(1)
-    text = " ".join(rng.choice(WORDS[k]) for k in rng.choices(list(WORDS), k=2000))
-    ids = tok.encode(text)
+def _stream_with_window(tok, ids) -> tuple[str, int]:
+    """Stream ``ids`` one at a time; the joined text and the largest window seen."""
     det = IncrementalDetokenizer(tok)
     out, biggest = [], 0
     for i in ids:
         out.append(det.push(i))
         biggest = max(biggest, det.window_size)
     out.append(det.flush())
-    assert "".join(out) == tok.decode(ids)
+    return "".join(out), biggest
+
+
+def test_detokenizer_window_is_bounded(pair):
+    tok, _ = pair
+    rng = random.Random(1)
+    text = " ".join(rng.choice(WORDS[k]) for k in rng.choices(list(WORDS), k=2000))
+    ids = tok.encode(text)
+    joined, biggest = _stream_with_window(tok, ids)
+    assert joined == tok.decode(ids)
     assert biggest <= 12
 
     # Invalid byte runs (lone lead / continuation bytes) never complete: the window must
@@ -119,13 +125,8 @@ def test_detokenizer_window_is_bounded(pair):
     )
     four = tok.backend.token_to_id(_byte_level_char(0xF0))
     bad = [lead] * 50 + [cont] * 50 + [four, cont, cont] * 30 + tok.encode("ok 東京")
-    det = IncrementalDetokenizer(tok)
-    out, biggest = [], 0
-    for i in bad:
-        out.append(det.push(i))
-        biggest = max(biggest, det.window_size)
-    out.append(det.flush())
-    assert "".join(out) == tok.decode(bad)
+    joined, biggest = _stream_with_window(tok, bad)
+    assert joined == tok.decode(bad)
     assert biggest <= 2 * 8 + 4
 
 
