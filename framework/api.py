@@ -162,14 +162,10 @@ class TextGenerator:
         if not held or len(prompt) <= len(held) or prompt[: len(held)] != held:
             return self._start([prompt], config), config
         assert state is not None
-        ctx, chain_cache = (
-            self._context([prompt], config),
-            (state.chain.cache_name, state.chain.cache),
-        )
+        ctx = self._context([prompt], config)
+        cache = (state.chain.cache_name, state.chain.cache)  # the conversation's keys/values
         state.reserve(ctx.max_length)
-        state.append(
-            [prompt[len(held) :]], chain=build_chain(self.registry, ctx, cache=chain_cache)
-        )
+        state.append([prompt[len(held) :]], chain=build_chain(self.registry, ctx, cache=cache))
         return state, config
 
     def chat_session(self, messages: Sequence[Mapping[str, str]] = (), **settings: Any):
