@@ -329,19 +329,26 @@ def load(
 
 
 def ensure_default_model() -> Path:
-    """The default model folder, exported on first use when the export extra is installed."""
-    folder = default_model_dir()
-    from .default_model import build_default_model
-    from .export import is_complete_model_folder, print_progress
+    """The default model folder, exported on first use and rebuilt when it is out of date.
 
-    if is_complete_model_folder(folder):
+    Out of date means its manifest does not match what this ortgen builds (format,
+    ortgen version, variant, source, export tools). Without the export extra nothing
+    can be rebuilt, so a finished folder is used as it is.
+    """
+    import importlib.util
+
+    from .export.manifest import is_complete_model_folder
+
+    folder = default_model_dir()
+    can_export = importlib.util.find_spec("onnxruntime_genai") is not None
+    if is_complete_model_folder(folder) and not can_export:
         return folder
-    try:
-        import optimum  # noqa: F401
-    except ImportError as exc:
+    if not can_export:
         raise ModelLoadError(
             f"the default model is not built yet ({folder}) and building it needs the export "
             "tools: pip install 'ortgen[export]', then run `ortgen export --default`"
-        ) from exc
+        )
+    from .export import print_progress
+    from .export.default_model import build_default_model
 
     return build_default_model(folder.parent, progress=print_progress)

@@ -115,7 +115,7 @@ class GenerationConfig:
     bos_token_id: int | None = None
     # ortgen
     seed: int | None = None
-    cache: Mapping[str, Any] = field(default_factory=lambda: {"name": "dynamic"})
+    cache: Mapping[str, Any] = field(default_factory=lambda: {"name": "static"})
     sampler: Mapping[str, Any] | None = None
     logits_processors: tuple[Mapping[str, Any], ...] = ()
     stopping_criteria: tuple[Mapping[str, Any], ...] = ()

@@ -49,6 +49,18 @@ class Generation:
         self.length = self.prompt_length  # tokens in the buffer, per row (padding included)
         self.fed = 0  # positions the cache holds
         self._next_position = self.mask.sum(axis=1)  # per row: position of the next token
+        self._prompt_lengths = self._next_position.copy()
+        # a shared-buffer graph packs rows from position 0: padded prompts go row by row
+        self._packed_prefill = model.signature.shared_kv and bool(
+            (self._prompt_lengths != self.prompt_length).any()
+        )
+        self._cache_outputs = hasattr(chain.cache, "outputs")  # the cache owns the presents
+        if self._packed_prefill and not hasattr(chain.cache, "select"):
+            raise InputError(
+                f"kv cache {chain.cache_name!r} cannot hold prompts of different lengths for "
+                f"this graph ({model.path}: each row's keys/values start at position 0); "
+                "use cache='static' (the default) or prompts of equal length"
+            )
         self.unfinished = np.ones(batch, dtype=bool)
         self.finish_reasons: list[str | None] = [None] * batch
         self._finished_at: dict[int, int] = {}  # row -> buffer length when it finished
@@ -155,18 +167,52 @@ class Generation:
                 return logits[:, -1, :]
 
     def _forward_chunk(self, start: int, end: int) -> np.ndarray:
-        if start < self.prompt_length:  # Hugging Face's position ids: cumsum(mask) - 1, 1 at pads
+        if self._packed_prefill and start < self.prompt_length:
+            return self._forward_rows(start, end)
+        positions = None
+        if self.model.signature.has_position_ids:
+            positions = self._positions(start, end)
+        return self._run(self.ids[:, start:end], self.mask[:, :end], positions)
+
+    def _positions(self, start: int, end: int) -> np.ndarray:
+        """Hugging Face's position ids for positions [start, end) of every row."""
+        if start < self.prompt_length:  # cumsum(mask) - 1, and 1 at pads
             seen = self.mask[:, :end]
-            positions = np.where(seen == 0, 1, np.cumsum(seen, axis=1) - 1)[:, start:]
-        else:  # every token from the prompt on is real: count back from the next position
-            positions = (
-                self._next_position[:, None] - (self.length - start) + np.arange(end - start)
-            )
-        past = self._cache_call("inputs")
+            return np.where(seen == 0, 1, np.cumsum(seen, axis=1) - 1)[:, start:]
+        # every token from the prompt on is real: count back from the next position
+        return self._next_position[:, None] - (self.length - start) + np.arange(end - start)
+
+    def _forward_rows(self, start: int, end: int) -> np.ndarray:
+        """Prefill positions [start, end) row by row, without the left padding.
+
+        A shared-buffer graph keeps each row's keys/values from position 0 and reads a
+        row's length from its mask, so a padded row is fed only its real tokens; the
+        cache exposes one row at a time. Returns each row's last logits, (B, 1, V).
+        """
+        rows = []
         try:
-            logits, presents = self.model.forward(
-                self.ids[:, start:end], self.mask[:, :end], positions, past
-            )
+            for row in range(self.batch_size):
+                pad = self.prompt_length - int(self._prompt_lengths[row])
+                first = max(start, pad)
+                if first >= end:  # this chunk is all padding for the row
+                    rows.append(None)
+                    continue
+                self._cache_call("select", row)
+                mask = np.ones((1, end - pad), dtype=np.int64)
+                logits = self._run(self.ids[row : row + 1, first:end], mask, None)
+                rows.append(logits[:, -1:].copy())
+        finally:
+            self._cache_call("select", None)
+        if end < self.length:  # an intermediate chunk: its logits are not used
+            return np.empty((self.batch_size, 1, 0), dtype=np.float32)
+        return np.concatenate(rows, axis=0)
+
+    def _run(self, input_ids: np.ndarray, mask: np.ndarray, positions: np.ndarray | None):
+        """One forward: past (and present buffers, if the cache owns them) from the cache."""
+        past = self._cache_call("inputs")
+        presents = self._cache_call("outputs", mask.shape[1]) if self._cache_outputs else None
+        try:
+            logits, presents = self.model.forward(input_ids, mask, positions, past, presents)
         except Exception as exc:  # onnxruntime rejects what the cache fed, typically
             raise ComponentError(
                 f"model forward failed at step {self.steps} with kv cache "

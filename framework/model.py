@@ -4,6 +4,17 @@ Everything the loop needs to know about the graph (names, layer count, KV heads,
 head size, dtype, whether it takes ``position_ids``) is read from the ONNX file
 itself, so GPT-2-, Llama- and Qwen-style exports run through the same code and
 are always fed by name.
+
+Two graph families share this one class, told apart by their KV layout:
+
+- ``concat`` (optimum exports): the graph takes ``position_ids`` and concatenates
+  past and new keys/values into a longer present; rows are left-padded and the
+  cache's sequence axis follows the padded token buffer.
+- ``shared`` (fused exports from onnxruntime-genai's model builder, GroupQueryAttention):
+  no ``position_ids``; the graph derives each row's length from the attention mask's
+  row sums, writes the new keys/values into the past buffer itself, so past and
+  present may be one preallocated buffer. Each row's keys/values start at position 0
+  (rows are packed), so a padded batch is prefilled row by row.
 """
 
 from __future__ import annotations
@@ -21,6 +32,8 @@ import onnxruntime as ort
 from .errors import ModelLoadError
 
 MODEL_FILE = "model.onnx"
+GENAI_CONFIG = "genai_config.json"
+_GENAI_MODEL_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "vocab_size")
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 _PRESENT = re.compile(r"^present\.(\d+)\.(key|value)$")
 _ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
@@ -40,6 +53,12 @@ class GraphSignature:
     vocab_size: int
     has_position_ids: bool
     has_attention_mask: bool
+    kv_layout: str = "concat"  # "concat" (optimum) or "shared" (fused, GroupQueryAttention)
+
+    @property
+    def shared_kv(self) -> bool:
+        """Past and present may be one buffer; each row's keys/values start at 0."""
+        return self.kv_layout == "shared"
 
 
 def read_signature(session: ort.InferenceSession, path: Path) -> GraphSignature:
@@ -74,6 +93,14 @@ def read_signature(session: ort.InferenceSession, path: Path) -> GraphSignature:
         )
     if first.type not in _ORT_DTYPES:
         raise ModelLoadError(f"{path}: past-key-value type {first.type} is not supported")
+    shared = _shares_kv_buffer(path.parent)
+    if shared and "position_ids" in inputs:
+        raise ModelLoadError(
+            f"{path}: {GENAI_CONFIG} says past and present share a buffer, but the graph takes "
+            "position_ids; ortgen cannot tell how to feed it"
+        )
+    if shared and "attention_mask" not in inputs:
+        raise ModelLoadError(f"{path}: a shared-buffer graph needs an attention_mask input")
     return GraphSignature(
         input_names=tuple(inputs),
         past_inputs=tuple(past),
@@ -85,7 +112,18 @@ def read_signature(session: ort.InferenceSession, path: Path) -> GraphSignature:
         vocab_size=vocab,
         has_position_ids="position_ids" in inputs,
         has_attention_mask="attention_mask" in inputs,
+        kv_layout="shared" if shared else "concat",
     )
+
+
+def _shares_kv_buffer(folder: Path) -> bool:
+    """True for graphs whose attention (GroupQueryAttention) accepts one buffer as past and
+    present: onnxruntime-genai's builder says so in ``genai_config.json``."""
+    path = folder / GENAI_CONFIG
+    if not path.is_file():
+        return False
+    search = _read_json(path).get("search", {})
+    return bool(isinstance(search, dict) and search.get("past_present_share_buffer"))
 
 
 def _layer_key(pattern: re.Pattern[str]):
@@ -122,7 +160,13 @@ def session_options(threads: int | None = None, spinning: bool = False) -> ort.S
 
 
 class ExportedModel:
-    """One exported decoder: an onnxruntime session plus what the loop needs to drive it."""
+    """One exported decoder: an onnxruntime session plus what the loop needs to drive it.
+
+    Every forward goes through one IOBinding: inputs are bound from numpy, past
+    keys/values from the cache, and outputs either to buffers the cache owns (a
+    static cache's shared past/present) or to fresh tensors onnxruntime allocates.
+    Decode logits land in a preallocated (B, 1, V) buffer.
+    """
 
     def __init__(self, folder: str | Path, *, threads: int | None = None, spinning: bool = False):
         self.path = Path(folder)
@@ -134,52 +178,107 @@ class ExportedModel:
                 f"model folder {self.path} is incomplete: it has no {MODEL_FILE} "
                 "(export one with `ortgen export SOURCE OUT`)"
             )
+        self.threads = threads or available_cores()
         try:
             self.session = ort.InferenceSession(
                 str(graph), session_options(threads, spinning), providers=["CPUExecutionProvider"]
             )
         except Exception as exc:  # onnxruntime raises its own exception types
             raise ModelLoadError(f"{graph}: onnxruntime cannot load it: {exc}") from exc
+        self.config = read_model_config(self.path)
         self.signature = read_signature(self.session, graph)
-        self.config = _read_config(self.path)
         self.max_context = _max_context(self.config)
-        self._output_names = ["logits", *self.signature.present_outputs]
+        self._binding = self.session.io_binding()
+        self._bound: tuple[int, ...] = ()  # ids of the past/present buffers bound last
+        self._decode_logits: dict[int, ort.OrtValue] = {}  # batch -> (B, 1, V) buffer
 
     def forward(
         self,
         input_ids: np.ndarray,
         attention_mask: np.ndarray,
-        position_ids: np.ndarray,
+        position_ids: np.ndarray | None,
         past: dict[str, Any],
-    ) -> tuple[np.ndarray, list[ort.OrtValue]]:
-        """Run one forward; returns logits (B, T, V) and the present KV OrtValues.
+        presents: list[ort.OrtValue] | None = None,
+    ) -> tuple[np.ndarray, list[Any]]:
+        """Run one forward over ``input_ids`` (B, T); returns logits and the presents.
 
-        Inputs and presents stay OrtValues so a cache can feed the presents back
-        as the next past without a numpy round trip.
+        The logits are (B, T, V), or (B, 1, V) when the graph keeps only the last
+        position (fused exports prune the LM head). For decode (T = 1) they are a view
+        of a buffer the next decode forward overwrites: copy what must outlive it.
+        ``past`` maps past input names to arrays or OrtValues; ``presents`` are output
+        buffers to write into (a static cache's), or None to let onnxruntime allocate
+        them. Unchanged past/present buffers are not bound again.
         """
-        feeds: dict[str, Any] = {"input_ids": _ortvalue(input_ids)}
-        if self.signature.has_attention_mask:
-            feeds["attention_mask"] = _ortvalue(attention_mask)
-        if self.signature.has_position_ids:
-            feeds["position_ids"] = _ortvalue(position_ids)
-        for name, value in past.items():
-            feeds[name] = value if isinstance(value, ort.OrtValue) else _ortvalue(value)
-        outputs = self.session.run_with_ort_values(self._output_names, feeds)
-        return outputs[0].numpy(), list(outputs[1:])
+        binding = self._binding
+        signature = self.signature
+        batch, width = input_ids.shape
+        binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids))
+        if signature.has_attention_mask:
+            binding.bind_cpu_input("attention_mask", np.ascontiguousarray(attention_mask))
+        if signature.has_position_ids:
+            binding.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids))
+        logits_buffer = self._decode_buffer(batch) if width == 1 else None
+        if logits_buffer is not None:
+            binding.bind_ortvalue_output("logits", logits_buffer)
+        else:
+            binding.bind_output("logits", "cpu")
+        values = list(past.values())
+        key = tuple(map(id, values)) + tuple(map(id, presents or ()))
+        if presents is None or key != self._bound:
+            for name, value in zip(past, values, strict=True):
+                binding.bind_ortvalue_input(name, _as_ortvalue(value))
+            for index, name in enumerate(signature.present_outputs):
+                if presents is None:
+                    binding.bind_output(name, "cpu")
+                else:
+                    binding.bind_ortvalue_output(name, presents[index])
+            self._bound = key if presents is not None else ()
+        self.session.run_with_iobinding(binding)
+        outputs = binding.get_outputs()  # in binding order: logits first
+        logits = logits_buffer.numpy() if logits_buffer is not None else outputs[0].numpy()
+        return logits, (presents if presents is not None else list(outputs[1:]))
+
+    def _decode_buffer(self, batch: int) -> ort.OrtValue:
+        buffer = self._decode_logits.get(batch)
+        if buffer is None:
+            shape = (batch, 1, self.signature.vocab_size)
+            buffer = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float32)
+            self._decode_logits = {batch: buffer}  # keep one: batch sizes rarely alternate
+        return buffer
 
 
-def _ortvalue(array: np.ndarray) -> ort.OrtValue:
-    return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
+def _as_ortvalue(value: Any) -> ort.OrtValue:
+    if isinstance(value, ort.OrtValue):
+        return value
+    return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value))
 
 
-def _read_config(folder: Path) -> dict[str, Any]:
+def read_model_config(folder: Path) -> dict[str, Any]:
+    """The model's ``config.json``; for a folder made by onnxruntime-genai's builder
+    (no config.json), the facts ortgen needs taken from its ``genai_config.json``."""
     path = folder / "config.json"
-    if not path.is_file():
-        raise ModelLoadError(f"model folder {folder} is incomplete: it has no config.json")
+    if path.is_file():
+        return _read_json(path)
+    genai = folder / GENAI_CONFIG
+    if genai.is_file():
+        model = _read_json(genai).get("model", {})
+        derived = {k: model[k] for k in _GENAI_MODEL_KEYS if k in model}
+        if "context_length" in model:
+            derived["max_position_embeddings"] = model["context_length"]
+        return derived
+    raise ModelLoadError(
+        f"model folder {folder} is incomplete: it has no config.json (nor {GENAI_CONFIG})"
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ModelLoadError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path} must hold a JSON object")
+    return data
 
 
 def _max_context(config: dict[str, Any]) -> int | None:

@@ -1,4 +1,15 @@
-"""Built-in KV-cache backends."""
+"""Built-in KV-cache backends: ``static`` (preallocated, the default) and ``dynamic``.
+
+Both follow the graph's KV layout (``GraphSignature.kv_layout``):
+
+- ``shared`` graphs (fused exports) write each step's keys/values into the past
+  buffer themselves, so a static cache binds one preallocated buffer as both the
+  past input and the present output: nothing is allocated or copied per step.
+- ``concat`` graphs (optimum exports) return a present one position longer than
+  the past; a static cache gives them two preallocated buffers per tensor and
+  swaps them each step (ping-pong), so onnxruntime writes into memory the cache
+  owns instead of allocating a new tensor per step.
+"""
 
 from __future__ import annotations
 
@@ -13,15 +24,14 @@ from ortgen import GenerationContext, hookimpl
 class DynamicCache:
     """Keeps the graph's present tensors as they come and feeds them back as the next past.
 
-    The exported graph concatenates past and new keys/values itself, so holding
-    its OrtValue outputs means nothing is copied between steps; prefill starts from
-    zero-length past tensors.
+    onnxruntime allocates every present; holding its OrtValues means nothing is
+    copied between steps. Prefill starts from zero-length past tensors. On a
+    shared-buffer graph it holds one length for the whole batch, so it cannot take a
+    batch of prompts of different lengths there (use ``static``).
     """
 
     def __init__(self, *, ctx: GenerationContext) -> None:
-        signature = ctx.signature
-        if signature is None:
-            raise ValueError("the dynamic cache needs the model's graph signature in ctx")
+        signature = _signature(ctx, "dynamic")
         self._names = signature.past_inputs
         empty = np.zeros(
             (ctx.batch_size, signature.num_kv_heads, 0, signature.head_dim), signature.kv_dtype
@@ -57,6 +67,143 @@ class DynamicCache:
         return sum(int(np.prod(_shape(v))) for v in self._values) * self._itemsize
 
 
+class StaticCache:
+    """Preallocated (B, kv_heads, capacity, head_dim) buffers per past tensor, bound as outputs.
+
+    ``capacity`` defaults to the request's ``max_length``; a forward that needs more
+    (a chat that goes on) grows the buffers by doubling, copying what they hold.
+    Memory is reserved lazily by the OS, so an unused capacity costs no RSS.
+    """
+
+    def __init__(self, *, ctx: GenerationContext, capacity: int | None = None) -> None:
+        signature = _signature(ctx, "static")
+        if capacity is not None and (not isinstance(capacity, int) or capacity < 1):
+            raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
+        self._names = signature.past_inputs
+        self._shared = signature.shared_kv
+        self._dtype = np.dtype(signature.kv_dtype)
+        self._rows = ctx.batch_size
+        self._heads = signature.num_kv_heads
+        self._head_dim = signature.head_dim
+        self._capacity = max(capacity or ctx.max_length, 1)
+        self._length = 0
+        self._allocate(self._capacity)
+
+    # -- the protocol ----------------------------------------------------------------
+
+    def inputs(self) -> dict[str, Any]:
+        if self._shared:
+            return dict(zip(self._names, self._values, strict=True))
+        return dict(zip(self._names, self._views(self._current, self._length), strict=True))
+
+    def outputs(self, total: int) -> list[ort.OrtValue]:
+        """Present buffers for a forward that leaves ``total`` positions in the cache."""
+        if total > self._capacity:
+            self._grow(total)
+        self._pending = total
+        if self._shared:
+            return self._values
+        return self._views(1 - self._current, total)
+
+    def update(self, presents: list[Any]) -> None:
+        if len(presents) != len(self._names):
+            raise ValueError(f"expected {len(self._names)} present tensors, got {len(presents)}")
+        if self._shared:  # rows prefilled one by one leave the longest row's length
+            self._length = max(self._length, self._pending)
+        else:
+            self._current = 1 - self._current
+            self._length = self._pending
+
+    def reorder(self, rows: np.ndarray) -> None:
+        rows = np.asarray(rows)
+        held = [self._array(i)[rows] for i in range(len(self._names))]
+        self._rows = len(rows)
+        self._allocate(self._capacity)
+        for i, array in enumerate(held):
+            self._array(i)[...] = array
+
+    def crop(self, length: int) -> None:
+        if not 0 <= length <= self._length:
+            raise ValueError(f"cannot crop a cache of length {self._length} to {length}")
+        if self._shared:  # the graph reads each row up to its mask's length: nothing to move
+            self._length = length
+            return
+        # a shorter view of the same flat memory would scramble it: copy
+        kept = [self._array(i)[:, :, :length].copy() for i in range(len(self._names))]
+        self._length = length
+        for i, array in enumerate(kept):
+            self._array(i)[...] = array
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes reserved for keys/values (both halves of the ping-pong for concat graphs)."""
+        per_tensor = self._rows * self._heads * self._capacity * self._head_dim
+        halves = 1 if self._shared else 2
+        return per_tensor * halves * len(self._names) * self._dtype.itemsize
+
+    def select(self, row: int | None) -> None:
+        """Expose only ``row`` (None: every row) to the next forwards.
+
+        A shared-buffer graph packs each row's keys/values from position 0, so a batch
+        of prompts of different lengths is prefilled one row at a time, each into its
+        own slice of the same buffers.
+        """
+        if not self._shared:
+            raise ValueError("row selection exists only for shared-buffer graphs")
+        if row is None:
+            self._values = self._all_values
+        else:
+            self._values = [
+                ort.OrtValue.ortvalue_from_numpy(b[row : row + 1]) for b in self._buffers
+            ]
+
+    # -- memory --------------------------------------------------------------------
+
+    def _allocate(self, capacity: int) -> None:
+        self._capacity = capacity
+        shape = (self._rows, self._heads, capacity, self._head_dim)
+        if self._shared:
+            self._buffers = [np.zeros(shape, self._dtype) for _ in self._names]
+            self._all_values = [ort.OrtValue.ortvalue_from_numpy(b) for b in self._buffers]
+            self._values = self._all_values
+        else:  # two flat halves per tensor; views of their prefix take any length
+            size = int(np.prod(shape))
+            self._flat = [[np.zeros(size, self._dtype) for _ in range(2)] for _ in self._names]
+            self._current = 0
+
+    def _grow(self, needed: int) -> None:
+        held = [self._array(i) for i in range(len(self._names))]
+        self._allocate(max(needed, 2 * self._capacity))
+        for i, array in enumerate(held):
+            self._array(i)[...] = array
+
+    def _array(self, index: int) -> np.ndarray:
+        """Tensor ``index``'s positions held now, (B, H, length or capacity, D)."""
+        if self._shared:
+            return self._buffers[index][:, :, : self._length]
+        return self._shaped(self._flat[index][self._current], self._length)
+
+    def _shaped(self, flat: np.ndarray, length: int) -> np.ndarray:
+        shape = (self._rows, self._heads, length, self._head_dim)
+        return flat[: int(np.prod(shape))].reshape(shape)
+
+    def _views(self, half: int, length: int) -> list[ort.OrtValue]:
+        return [
+            ort.OrtValue.ortvalue_from_numpy(self._shaped(pair[half], length))
+            for pair in self._flat
+        ]
+
+
+def _signature(ctx: GenerationContext, name: str):
+    if ctx.signature is None:
+        raise ValueError(f"the {name} cache needs the model's graph signature in ctx")
+    return ctx.signature
+
+
 def _shape(value: Any) -> tuple[int, ...]:
     return tuple(value.shape) if isinstance(value, np.ndarray) else tuple(value.shape())
 
@@ -67,4 +214,5 @@ def _numpy(value: Any) -> np.ndarray:
 
 @hookimpl
 def register_kv_caches(register):
+    register("static", StaticCache)
     register("dynamic", DynamicCache)

@@ -21,7 +21,7 @@ def test_chat_answer_is_right(default_gen):
 def test_greedy_equals_transformers_on_the_same_weights(default_gen, default_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from ortgen.default_model import download_default_gguf
+    from ortgen.export.default_model import download_default_gguf
 
     gguf = download_default_gguf(default_model_dir.parent / ".cache")
     hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name).eval()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ortgen import ExportError
-from ortgen.default_model import build_default_model, download_default_gguf
+from ortgen.export.default_model import build_default_model, download_default_gguf
 from ortgen.export import MANIFEST_NAME
 from ortgen.paths import DEFAULT_MODEL_NAME
 

@@ -12,9 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import ortgen
 from ortgen import ExportError
-from ortgen.export import MANIFEST_NAME, TASK, export_model, is_complete_model_folder
+from ortgen.export import MANIFEST_NAME, Variant, export_model, is_complete_model_folder
+from ortgen.export.manifest import MANIFEST_FORMAT, TASK
 from tests import tiny_models
+
+OPTIMUM_FP32 = Variant(graph="optimum", precision="fp32")
 
 
 def _quiet_progress(_msg: str) -> None:
@@ -56,7 +60,9 @@ def test_export_writes_graph_configs_and_manifest(llama_onnx: Path, llama_hf: Pa
     assert _leftovers(llama_onnx.parent) == []
 
     manifest = json.loads((llama_onnx / MANIFEST_NAME).read_text())
-    assert manifest["format"] == 1
+    assert manifest["format"] == MANIFEST_FORMAT == 2
+    assert manifest["ortgen"] == ortgen.__version__
+    assert manifest["variant"] == OPTIMUM_FP32.to_dict()
     assert manifest["source"] == str(llama_hf.absolute())
     assert manifest["source_sha256"] is None
     assert manifest["task"] == TASK == "text-generation-with-past"
@@ -64,7 +70,8 @@ def test_export_writes_graph_configs_and_manifest(llama_onnx: Path, llama_hf: Pa
     assert created.tzinfo is not None
     assert abs((dt.datetime.now(dt.UTC) - created).total_seconds()) < 3600
     assert set(manifest["tools"]) == {
-        "torch", "transformers", "optimum", "optimum-onnx", "onnxruntime", "onnx",
+        "torch", "transformers", "optimum", "optimum-onnx", "onnxruntime", "onnxruntime-genai",
+        "onnx", "onnx-ir",
     }  # fmt: skip
     assert manifest["tools"]["transformers"] == metadata.version("transformers")
     assert manifest["files"] == sorted(names - {MANIFEST_NAME})
@@ -143,7 +150,7 @@ def test_other_tiny_archs_export(arch: str, tmp_path: Path) -> None:
 def test_export_copies_tokenizer_and_chat_template(tmp_path: Path) -> None:
     hf = tiny_models.build_tiny_hf("llama", tmp_path / "hf", with_tokenizer=True)
     messages: list[str] = []
-    out = export_model(hf, tmp_path / "onnx", progress=messages.append)
+    out = export_model(hf, tmp_path / "onnx", variant=OPTIMUM_FP32, progress=messages.append)
     for name in (
         "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
         "chat_template.jinja",
@@ -155,13 +162,13 @@ def test_export_copies_tokenizer_and_chat_template(tmp_path: Path) -> None:
 
     tokenizer = Tokenizer.from_file(str(out / "tokenizer.json"))
     assert tokenizer.decode(tokenizer.encode("Hi,\n you!").ids) == "Hi,\n you!"
-    assert messages[0] == "exporting to ONNX…"
+    assert messages[0] == "exporting to ONNX (optimum-fp32)…"
     assert messages[-1].startswith(f"done: {out} (") and messages[-1].endswith(" MB)")
 
 
 def test_import_ortgen_does_not_import_the_export_stack() -> None:
     code = (
-        "import sys, ortgen, ortgen.export, ortgen.gguf, ortgen.default_model\n"
+        "import sys, ortgen, ortgen.export, ortgen.export.gguf, ortgen.export.default_model\n"
         "heavy = [m for m in ('torch', 'transformers', 'optimum', 'onnx', 'gguf')"
         " if m in sys.modules]\n"
         "assert not heavy, heavy\n"
@@ -184,7 +191,7 @@ def test_is_complete_model_folder_needs_all_three_files(tmp_path: Path) -> None:
 def test_missing_source_is_an_export_error(tmp_path: Path) -> None:
     missing = tmp_path / "nope"
     with pytest.raises(ExportError, match="does not exist") as info:
-        export_model(missing, tmp_path / "out", progress=_quiet_progress)
+        export_model(missing, tmp_path / "out", variant=OPTIMUM_FP32, progress=_quiet_progress)
     assert str(missing) in str(info.value)
     assert not (tmp_path / "out").exists()
 
@@ -194,22 +201,22 @@ def test_folder_without_config_is_an_export_error(tmp_path: Path) -> None:
     src.mkdir()
     (src / "model.safetensors").write_bytes(b"\0" * 16)
     with pytest.raises(ExportError, match=r"without config\.json") as info:
-        export_model(src, tmp_path / "out", progress=_quiet_progress)
+        export_model(src, tmp_path / "out", variant=OPTIMUM_FP32, progress=_quiet_progress)
     assert str(src) in str(info.value)
     (src / "model.Q4.gguf").write_bytes(b"GGUF")
     with pytest.raises(ExportError, match=r"model\.Q4\.gguf: pass that \.gguf file instead"):
-        export_model(src, tmp_path / "out", progress=_quiet_progress)
+        export_model(src, tmp_path / "out", variant=OPTIMUM_FP32, progress=_quiet_progress)
 
 
 def test_non_gguf_file_is_an_export_error(tmp_path: Path) -> None:
     wrong_suffix = tmp_path / "weights.bin"
     wrong_suffix.write_bytes(b"GGUF")
     with pytest.raises(ExportError, match=r"not a \.gguf file"):
-        export_model(wrong_suffix, tmp_path / "out", progress=_quiet_progress)
+        export_model(wrong_suffix, tmp_path / "out", variant=OPTIMUM_FP32, progress=_quiet_progress)
     fake = tmp_path / "fake.gguf"
     fake.write_bytes(b"not a gguf")
     with pytest.raises(ExportError, match="GGUF magic"):
-        export_model(fake, tmp_path / "out", progress=_quiet_progress)
+        export_model(fake, tmp_path / "out", variant=OPTIMUM_FP32, progress=_quiet_progress)
 
 
 def test_unsupported_architecture_is_an_export_error(tmp_path: Path) -> None:
@@ -218,17 +225,25 @@ def test_unsupported_architecture_is_an_export_error(tmp_path: Path) -> None:
     (src / "config.json").write_text(json.dumps({"model_type": "bert"}))
     (src / "model.safetensors").write_bytes(b"\0" * 16)
     with pytest.raises(ExportError, match=r"model_type 'bert' for text-generation-with-past"):
-        export_model(src, tmp_path / "out", progress=_quiet_progress)
+        export_model(src, tmp_path / "out", variant=OPTIMUM_FP32, progress=_quiet_progress)
     (src / "config.json").write_text(json.dumps({"model_type": "no_such_arch"}))
     with pytest.raises(ExportError, match="no_such_arch"):
-        export_model(src, tmp_path / "out", progress=_quiet_progress)
+        export_model(src, tmp_path / "out", variant=OPTIMUM_FP32, progress=_quiet_progress)
 
 
 def test_refuses_to_export_over_its_own_source(llama_hf: Path) -> None:
     with pytest.raises(ExportError, match="would replace its own source"):
-        export_model(llama_hf, llama_hf, progress=_quiet_progress, overwrite=True)
+        export_model(
+            llama_hf, llama_hf, variant=OPTIMUM_FP32, progress=_quiet_progress, overwrite=True
+        )
     with pytest.raises(ExportError, match="would replace its own source"):
-        export_model(llama_hf, llama_hf.parent, progress=_quiet_progress, overwrite=True)
+        export_model(
+            llama_hf,
+            llama_hf.parent,
+            variant=OPTIMUM_FP32,
+            progress=_quiet_progress,
+            overwrite=True,
+        )
     assert (llama_hf / "config.json").is_file()
 
 
@@ -237,7 +252,7 @@ def test_config_without_weights_is_an_export_error(tmp_path: Path, llama_hf: Pat
     src.mkdir()
     (src / "config.json").write_bytes((llama_hf / "config.json").read_bytes())
     with pytest.raises(ExportError, match="no weights"):
-        export_model(src, tmp_path / "out", progress=_quiet_progress)
+        export_model(src, tmp_path / "out", variant=OPTIMUM_FP32, progress=_quiet_progress)
 
 
 # --------------------------------------------------------------------------- destination
@@ -246,7 +261,7 @@ def test_config_without_weights_is_an_export_error(tmp_path: Path, llama_hf: Pat
 def test_refuses_to_overwrite_a_complete_folder(llama_onnx: Path, llama_hf: Path) -> None:
     before = (llama_onnx / MANIFEST_NAME).read_bytes()
     with pytest.raises(ExportError, match="already holds a complete exported model"):
-        export_model(llama_hf, llama_onnx, progress=_quiet_progress)
+        export_model(llama_hf, llama_onnx, variant=OPTIMUM_FP32, progress=_quiet_progress)
     assert (llama_onnx / MANIFEST_NAME).read_bytes() == before
 
 
@@ -255,15 +270,15 @@ def test_refuses_to_replace_a_foreign_folder(tmp_path: Path, llama_hf: Path) -> 
     out.mkdir()
     (out / "notes.txt").write_text("keep me")
     with pytest.raises(ExportError, match="not an ortgen model folder"):
-        export_model(llama_hf, out, progress=_quiet_progress)
+        export_model(llama_hf, out, variant=OPTIMUM_FP32, progress=_quiet_progress)
     assert (out / "notes.txt").read_text() == "keep me"
 
 
 def test_overwrite_replaces_the_whole_folder(tmp_path: Path, llama_hf: Path) -> None:
     out = tmp_path / "out"
-    export_model(llama_hf, out, progress=_quiet_progress)
+    export_model(llama_hf, out, variant=OPTIMUM_FP32, progress=_quiet_progress)
     (out / "stale.txt").write_text("from the old export")
-    export_model(llama_hf, out, progress=_quiet_progress, overwrite=True)
+    export_model(llama_hf, out, variant=OPTIMUM_FP32, progress=_quiet_progress, overwrite=True)
     assert is_complete_model_folder(out)
     assert not (out / "stale.txt").exists()
     assert _leftovers(tmp_path) == []
@@ -282,7 +297,7 @@ def test_failed_export_leaves_no_output_folder(tmp_path: Path, llama_hf: Path) -
     src = _broken_source(tmp_path, llama_hf)
     out = tmp_path / "models" / "out"
     with pytest.raises(ExportError, match=r"export of .*broken to ONNX failed") as info:
-        export_model(src, out, progress=_quiet_progress)
+        export_model(src, out, variant=OPTIMUM_FP32, progress=_quiet_progress)
     assert info.value.__cause__ is not None
     assert not out.exists()
     assert _leftovers(out.parent) == []
@@ -292,7 +307,7 @@ def test_interrupted_export_leaves_no_output_folder(
     tmp_path: Path, llama_hf: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Interrupted after optimum wrote model.onnx + config.json: still nothing at ``out``."""
-    import ortgen.export as export
+    import ortgen.export.exporter as export
 
     written: list[set[str]] = []
 
@@ -305,7 +320,7 @@ def test_interrupted_export_leaves_no_output_folder(
     monkeypatch.setattr(export, "_run_optimum_export", run_then_interrupt)
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
-        export_model(llama_hf, out, progress=_quiet_progress)
+        export_model(llama_hf, out, variant=OPTIMUM_FP32, progress=_quiet_progress)
     assert {"model.onnx", "config.json"} <= written[0]
     assert not out.exists()
     assert _leftovers(tmp_path) == []
@@ -313,7 +328,7 @@ def test_interrupted_export_leaves_no_output_folder(
 
 def test_failed_overwrite_keeps_the_old_model(tmp_path: Path, llama_hf: Path) -> None:
     out = tmp_path / "out"
-    export_model(llama_hf, out, progress=_quiet_progress)
+    export_model(llama_hf, out, variant=OPTIMUM_FP32, progress=_quiet_progress)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     with pytest.raises(ExportError):
         export_model(_broken_source(tmp_path, llama_hf), out, progress=_quiet_progress,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ortgen.default_model import download_default_gguf
-from ortgen.gguf import gguf_to_hf_folder
+from ortgen.export.default_model import download_default_gguf
+from ortgen.export.gguf import gguf_to_hf_folder
 from ortgen.paths import models_dir
 
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]

@@ -118,16 +118,22 @@ def save_tiny_tokenizer(dest: Path) -> Path:
     return Path(dest)
 
 
-def export_tiny(arch: str, root: Path, *, with_tokenizer: bool = False) -> Path:
-    """Build ``root/{arch}-hf`` and export it with ortgen to ``root/{arch}-onnx``.
+def export_tiny(
+    arch: str, root: Path, *, with_tokenizer: bool = False, graph: str = "optimum"
+) -> Path:
+    """Build ``root/{arch}-hf`` and export it at fp32 with ortgen to ``root/{arch}-{graph}``.
 
-    An existing export there is replaced, so use one ``root`` per variant.
+    ``graph`` is the family: ``optimum`` (every arch) or ``fused`` (onnxruntime-genai's
+    builder; llama and qwen2). fp32, so greedy decoding must equal transformers'. An
+    existing export there is replaced, so use one ``root`` per variant.
     """
-    from ortgen.export import export_model
+    from ortgen.export import Variant, export_model
 
     root = Path(root)
     hf = build_tiny_hf(arch, root / f"{arch}-hf", with_tokenizer=with_tokenizer)
-    return export_model(hf, root / f"{arch}-onnx", progress=lambda _msg: None, overwrite=True)
+    out = root / (f"{arch}-onnx" if graph == "optimum" else f"{arch}-{graph}")
+    variant = Variant(graph=graph, precision="fp32")
+    return export_model(hf, out, variant=variant, progress=lambda _msg: None, overwrite=True)
 
 
 def export_backbone(root: Path) -> Path:
@@ -148,7 +154,7 @@ def _export_bad(root: Path, name: str, task: str) -> Path:
     """Export a tiny llama for ``task`` straight with optimum, then fake a manifest."""
     from optimum.exporters.onnx import main_export
 
-    from ortgen.quiet import quiet
+    from ortgen.export.quiet import quiet
 
     root = Path(root)
     hf = root / "llama-hf"

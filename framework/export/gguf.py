@@ -10,7 +10,7 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from .errors import ExportError
+from ..errors import ExportError
 from .quiet import quiet
 
 __all__ = ["gguf_to_hf_folder", "looks_like_gguf"]
@@ -38,8 +38,9 @@ def looks_like_gguf(path: Path) -> bool:
         return False
 
 
-def gguf_to_hf_folder(gguf: Path, dest: Path) -> None:
+def gguf_to_hf_folder(gguf: str | Path, dest: str | Path) -> None:
     """Dequantize ``gguf`` into a transformers folder, with the special tokens fixed."""
+    gguf, dest = Path(gguf), Path(dest)
     meta = _gguf_tokenizer_metadata(gguf)
     try:
         with quiet():

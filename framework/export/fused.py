@@ -1,0 +1,143 @@
+"""The fused graph family: onnxruntime-genai's model builder, then ortgen's graph edits.
+
+The builder writes one graph with GroupQueryAttention (rotary inside, lengths from the
+attention mask, past and present sharable as one buffer), fused RMSNorms, MatMulNBits
+weights and, at int4, an embedding that shares the LM head's 4-bit weights
+(GatherBlockQuantized). ortgen then prunes the LM head to the last position (prefill
+computes 1 row of logits instead of T) and, for precision ``gguf``, swaps in the GGUF's
+own quantised weights.
+
+Version trap (measured, see pyproject.toml): the 0.18 builder imports transformers 5.x
+classes, while optimum-onnx needs transformers < 4.58; the 0.11.4 builder works with the
+same stack and its int4 graph runs as fast. ortgen pins it in the ``export`` extra.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+from pathlib import Path
+from unittest import mock
+
+from ..errors import ExportError
+from .quiet import quiet
+from .variant import Variant
+
+__all__ = ["build_fused", "prune_lm_head"]
+
+_BUILDER_PRECISION = {"fp32": "fp32", "int8": "fp32", "int4": "int4", "gguf": "int4"}
+
+
+def build_fused(
+    hf_dir: Path, dest: Path, variant: Variant, *, source: Path, gguf: Path | None = None
+) -> None:
+    """Build ``variant``'s fused graph from the transformers folder ``hf_dir`` into ``dest``.
+
+    Writes model.onnx, model.onnx.data and genai_config.json (which tells loaders that
+    past and present share a buffer). ``gguf`` is the original file for precision
+    ``gguf``. Raises ExportError naming ``source`` on failure.
+    """
+    _run_builder(hf_dir, dest, variant, source)
+    if variant.precision == "int8":
+        from .quantize import quantize_matmuls
+
+        quantize_matmuls(dest / "model.onnx", variant, source=source)
+    if variant.precision == "gguf":
+        if gguf is None:
+            raise ExportError(
+                f"export source {source}: precision 'gguf' keeps a GGUF file's own weights, "
+                "so the source must be a .gguf file"
+            )
+        from .gguf_exact import rewrite_with_gguf_weights
+
+        rewrite_with_gguf_weights(dest, gguf, accuracy_level=variant.accuracy_level)
+    prune_lm_head(dest / "model.onnx")
+
+
+def _run_builder(hf_dir: Path, dest: Path, variant: Variant, source: Path) -> None:
+    """Run the builder in-process, quietly, without its tokenizer step (ortgen saves the
+    tokenizer itself, and the builder fails on folders that have none)."""
+    options = {"int4_accuracy_level": str(variant.accuracy_level)}
+    if _BUILDER_PRECISION[variant.precision] == "int4":
+        options |= {
+            "int4_block_size": str(variant.block_size if variant.precision == "int4" else 32),
+            # asymmetric (uint4 + zero points): the 0.11.4 builder's symmetric int4 with
+            # shared embeddings references a zero-point tensor it never writes
+            "int4_is_symmetric": "false",
+            "int4_algo_config": "rtn",
+            "shared_embeddings": "true",
+        }
+    cache = dest.parent / f"{dest.name}-builder-cache"
+    try:
+        with quiet(), contextlib.redirect_stdout(io.StringIO()):
+            import onnxruntime_genai.models.builder as builder
+
+            base = sys.modules["builders.base"]  # the builder imports its own package so
+            with mock.patch.object(base.Model, "save_processing", _no_processing):
+                builder.create_model(
+                    None,
+                    str(hf_dir),
+                    str(dest),
+                    _BUILDER_PRECISION[variant.precision],
+                    "cpu",
+                    str(cache),
+                    **options,
+                )
+    except ImportError as exc:
+        raise ExportError(
+            f"the fused graph needs onnxruntime-genai's model builder: pip install "
+            f"'ortgen[export]' ({exc})"
+        ) from exc
+    except Exception as exc:
+        raise ExportError(
+            f"onnxruntime-genai's model builder cannot build {source}: "
+            f"{type(exc).__name__}: {exc}. Try --graph optimum."
+        ) from exc
+    finally:
+        import shutil
+
+        shutil.rmtree(cache, ignore_errors=True)
+    if not (dest / "model.onnx").is_file():
+        raise ExportError(f"onnxruntime-genai's model builder wrote no model.onnx for {source}")
+
+
+def _no_processing(*_args, **_kwargs) -> None:
+    """Stands in for the builder's tokenizer/processor copy."""
+
+
+def prune_lm_head(graph: Path) -> None:
+    """Feed the LM head only the last position: logits become (B, 1, V) at every step.
+
+    Prefill then computes one row of logits instead of one per prompt token (the LM head
+    of a small model is a large share of its weights), and the loop only ever samples
+    from the last position. The weights file is untouched.
+    """
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(graph), load_external_data=False)
+    producers = {out: node for node in model.graph.node for out in node.output}
+    head = producers.get("logits")
+    if head is None or head.op_type not in ("MatMul", "MatMulNBits"):
+        found = head.op_type if head is not None else "nothing"
+        raise ExportError(f"{graph}: 'logits' is made by {found}, not an LM-head MatMul")
+    hidden = head.input[0]
+    if producers.get(hidden) is not None and producers[hidden].op_type == "Slice":
+        return  # already pruned
+    last = f"{hidden}/last_position"
+    constants = {
+        "starts": -1,
+        "ends": 2**62,
+        "axes": 1,
+    }
+    names = []
+    for key, value in constants.items():
+        name = f"{last}/{key}"
+        model.graph.initializer.append(helper.make_tensor(name, TensorProto.INT64, [1], [value]))
+        names.append(name)
+    slice_node = helper.make_node("Slice", [hidden, *names], [last], name=f"{last}/Slice")
+    head.input[0] = last
+    index = list(model.graph.node).index(head)
+    model.graph.node.insert(index, slice_node)
+    onnx.save(model, str(graph))

@@ -1,0 +1,82 @@
+"""Export variants: which graph family, which weight precision, which quantisation block.
+
+A variant is recorded in the model folder's manifest, so a folder knows what made it
+and the default model is rebuilt when ortgen would now build a different one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..errors import ExportError
+
+GRAPHS = ("fused", "optimum")
+PRECISIONS = ("fp32", "int8", "int4", "gguf")
+BLOCK_SIZES = (16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """How a model is exported.
+
+    Attributes:
+        graph: ``fused`` (onnxruntime-genai's model builder: GroupQueryAttention with
+            rotary inside, fused norms, shared past/present buffers, LM head pruned to
+            the last position) or ``optimum`` (optimum's export: one node per PyTorch op,
+            Concat-based KV cache).
+        precision: ``fp32``; ``int8``/``int4`` weight-only quantisation to MatMulNBits
+            (LM head included); ``gguf``: keep a GGUF source's own 4/8-bit weights
+            exactly (fused graphs, Q4_1/Q8_0 GGUF sources only).
+        block_size: weights per quantisation block (int8/int4).
+        accuracy_level: MatMulNBits' activation precision: 4 = int8 activations (fastest
+            on CPUs with int8 dot products), 0 = as the input (fp32).
+    """
+
+    graph: str = "fused"
+    precision: str = "int4"
+    block_size: int = 32
+    accuracy_level: int = 4
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.graph not in GRAPHS:
+            problems.append(f"graph {self.graph!r} is not one of {', '.join(GRAPHS)}")
+        if self.precision not in PRECISIONS:
+            problems.append(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
+        if self.block_size not in BLOCK_SIZES:
+            sizes = ", ".join(map(str, BLOCK_SIZES))
+            problems.append(f"block size {self.block_size} is not one of {sizes}")
+        if self.accuracy_level not in (0, 1, 2, 3, 4):
+            problems.append(f"accuracy level {self.accuracy_level} is not in 0..4")
+        if self.precision == "gguf" and self.graph != "fused":
+            problems.append("precision 'gguf' (the GGUF's own weights) needs graph 'fused'")
+        if problems:
+            raise ExportError("bad export variant: " + "; ".join(problems))
+
+    @property
+    def quantized(self) -> bool:
+        return self.precision in ("int8", "int4")
+
+    @property
+    def name(self) -> str:
+        """A short label, e.g. ``fused-int4-b32``."""
+        label = f"{self.graph}-{self.precision}"
+        if self.quantized:
+            label += f"-b{self.block_size}"
+        if self.precision != "fp32" and self.accuracy_level != 4:
+            label += f"-a{self.accuracy_level}"
+        return label
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Variant:
+        known = {k: data[k] for k in ("graph", "precision", "block_size", "accuracy_level")}
+        return cls(**{k: v for k, v in known.items() if v is not None})
+
+
+#: What ``ortgen export`` builds without flags, and what the default model is: the
+#: fastest variant whose perplexity stays within 5% of fp32 (docs/benchmarks.md).
+DEFAULT_VARIANT = Variant()
