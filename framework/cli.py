@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .errors import OrtgenError
+from .export.variant import GRAPHS, PRECISIONS
 
 SAMPLING_FLAGS = (
     ("--max-new-tokens", "max_new_tokens", int),
@@ -108,19 +111,82 @@ def _answer(session, message: str) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .default_model import build_default_model
-    from .export import export_model, print_progress
+    from .export import DEFAULT_VARIANT, Variant, export_model, print_progress
+    from .export.default_model import build_default_model
     from .paths import models_dir
 
     if args.default:
-        build_default_model(
-            Path(args.models_dir) if args.models_dir else models_dir(), progress=print_progress
-        )
+        chosen = (args.graph, args.precision, args.block_size, args.accuracy_level)
+        if any(value is not None for value in chosen):
+            raise OrtgenError(
+                "--default builds the default variant; --graph/--precision/--block-size/"
+                "--accuracy-level apply to `ortgen export SOURCE OUT`"
+            )
+        where = Path(args.models_dir) if args.models_dir else models_dir()
+        build_default_model(where, progress=print_progress, force=args.force)
         return 0
     if not args.source or not args.out:
         raise OrtgenError("ortgen export needs SOURCE and OUT (or --default)")
-    export_model(args.source, args.out, progress=print_progress, overwrite=args.overwrite)
+    variant = Variant(
+        graph=args.graph or DEFAULT_VARIANT.graph,
+        precision=args.precision or DEFAULT_VARIANT.precision,
+        block_size=args.block_size or DEFAULT_VARIANT.block_size,
+        accuracy_level=(
+            DEFAULT_VARIANT.accuracy_level if args.accuracy_level is None else args.accuracy_level
+        ),
+    )
+    export_model(
+        args.source, args.out, variant=variant, progress=print_progress, overwrite=args.overwrite
+    )
     return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import BenchSettings, format_report, run_bench
+
+    prompt_ids = None
+    if args.prompt_ids:
+        try:
+            prompt_ids = json.loads(Path(args.prompt_ids).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise OrtgenError(f"--prompt-ids {args.prompt_ids}: {exc}") from exc
+        if not isinstance(prompt_ids, list) or not all(isinstance(t, int) for t in prompt_ids):
+            raise OrtgenError(f"--prompt-ids {args.prompt_ids} must hold a JSON list of ints")
+    for flag, value in (("--new-tokens", args.new_tokens), ("--batch", args.batch)):
+        if value < 1:
+            raise OrtgenError(f"{flag} must be at least 1, got {value}")
+    if args.prompt_tokens < 1:
+        raise OrtgenError(f"--prompt-tokens must be at least 1, got {args.prompt_tokens}")
+    settings = BenchSettings(
+        model=args.model,
+        prompt_tokens=args.prompt_tokens,
+        prompt_ids=prompt_ids,
+        new_tokens=args.new_tokens,
+        threads=args.threads,
+        batch=args.batch,
+        cache=_cache_spec(args.cache) if args.cache else None,
+        settings=_settings(args),
+        quality=not args.no_quality,
+        reference=args.reference,
+    )
+    report = run_bench(settings)
+    print(json.dumps(report) if args.json else format_report(report))
+    return 0
+
+
+def _cache_spec(text: str) -> dict[str, Any]:
+    """``NAME[:k=v,...]`` -> ``{"name": NAME, k: v, ...}`` (values parsed as JSON)."""
+    name, _, params = text.partition(":")
+    spec: dict[str, Any] = {"name": name}
+    for item in filter(None, params.split(",")):
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise OrtgenError(f"--cache takes NAME[:key=value,...], got {text!r}")
+        try:
+            spec[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            spec[key] = raw
+    return spec
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -188,7 +254,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--default", action="store_true", help="build the default model")
     p.add_argument("--models-dir", help="where --default puts it (default: exported_models/)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing folder")
+    p.add_argument("--force", action="store_true", help="with --default: rebuild even if current")
+    p.add_argument("--graph", choices=GRAPHS, help="graph family (default: fused)")
+    p.add_argument("--precision", choices=PRECISIONS, help="weights (default: int4)")
+    p.add_argument("--block-size", type=int, help="weights per quantisation block (default 32)")
+    p.add_argument(
+        "--accuracy-level", type=int, help="MatMulNBits activations: 4 = int8 (default), 0 = fp32"
+    )
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("bench", help="measure speed, memory and output quality of a model")
+    _add_model_flags(p)
+    p.set_defaults(threads=1)
+    p.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+    p.add_argument("--prompt-tokens", type=int, default=38, help="prompt length (default 38)")
+    p.add_argument("--prompt-ids", help="JSON file with the prompt's token ids")
+    p.add_argument("--new-tokens", type=int, default=128, help="tokens per row (default 128)")
+    p.add_argument("--batch", type=int, default=1, help="rows of mixed lengths (default 1)")
+    p.add_argument("--cache", help="KV cache NAME[:key=value,...] (default: static)")
+    p.add_argument("--reference", help="fp32 model folder for top-1 agreement")
+    p.add_argument("--no-quality", action="store_true", help="skip perplexity and agreement")
+    _add_generation_flags(p)
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("plugins", help="list registered components and their plugins")
     p.add_argument("--json", action="store_true")
@@ -206,8 +293,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _CleanWarnings:
+    """While a command runs, Python warnings print as ``ortgen: warning: MESSAGE`` on
+    stderr: no source path or line, and each distinct message once."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def show(self, message, category, filename, lineno, file=None, line=None) -> None:
+        text = " ".join(str(message).split())  # one line, whatever the message holds
+        if text in self.seen:
+            return
+        self.seen.add(text)
+        with contextlib.suppress(OSError, ValueError):  # stderr closed: nothing to tell
+            print(f"ortgen: warning: {text}", file=file or sys.stderr, flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    with warnings.catch_warnings():
+        warnings.showwarning = _CleanWarnings().show
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return args.func(args)
     except OrtgenError as exc:

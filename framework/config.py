@@ -163,6 +163,10 @@ def model_layers(folder: Path) -> list[tuple[str, dict[str, Any]]]:
     """The two model layers: token ids from ``config.json``, then ``generation_config.json``."""
     layers: list[tuple[str, dict[str, Any]]] = []
     cfg = _read_json(folder / "config.json")
+    if not cfg and (folder / "genai_config.json").is_file():  # a builder folder from elsewhere
+        from .model import read_model_config
+
+        cfg = read_model_config(folder)
     derived = {
         k: cfg[k]
         for k in ("eos_token_id", "pad_token_id", "bos_token_id")

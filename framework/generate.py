@@ -208,9 +208,13 @@ class Generation:
         return np.concatenate(rows, axis=0)
 
     def _run(self, input_ids: np.ndarray, mask: np.ndarray, positions: np.ndarray | None):
-        """One forward: past (and present buffers, if the cache owns them) from the cache."""
-        past = self._cache_call("inputs")
+        """One forward: past (and present buffers, if the cache owns them) from the cache.
+
+        The present buffers are asked for first: a cache that must grow to hold the
+        forward's positions does so there, and then feeds its grown buffers as the past.
+        """
         presents = self._cache_call("outputs", mask.shape[1]) if self._cache_outputs else None
+        past = self._cache_call("inputs")
         try:
             logits, presents = self.model.forward(input_ids, mask, positions, past, presents)
         except Exception as exc:  # onnxruntime rejects what the cache fed, typically

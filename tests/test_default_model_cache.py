@@ -1,15 +1,23 @@
-"""Tests of ortgen.default_model's cache logic, with a fake wheel (no download)."""
+"""Tests of the default model's cache and staleness logic, with a fake wheel (no download)."""
 
 from __future__ import annotations
 
+import json
 import zipfile
 from pathlib import Path
 
 import pytest
 
+import ortgen
 from ortgen import ExportError
-from ortgen.export.default_model import build_default_model, download_default_gguf
-from ortgen.export import MANIFEST_NAME
+from ortgen.export import DEFAULT_VARIANT, MANIFEST_NAME, default_model, is_complete_model_folder
+from ortgen.export.default_model import (
+    DEFAULT_GGUF_SHA256,
+    build_default_model,
+    default_model_stale,
+    download_default_gguf,
+)
+from ortgen.export.manifest import MANIFEST_FORMAT, tool_versions
 from ortgen.paths import DEFAULT_MODEL_NAME
 
 
@@ -42,12 +50,85 @@ def test_download_default_gguf_rejects_a_wheel_without_a_gguf(tmp_path: Path) ->
         download_default_gguf(cache, progress=lambda _msg: None)
 
 
-def test_build_default_model_returns_a_complete_folder_at_once(tmp_path: Path) -> None:
-    folder = tmp_path / DEFAULT_MODEL_NAME
-    folder.mkdir()
-    for name in ("model.onnx", "config.json", MANIFEST_NAME):
-        (folder / name).write_text("{}")
+def _fake_default_model(models_dir: Path, **changes: object) -> Path:
+    """A folder that looks like the current default model (the graph itself is fake)."""
+    folder = models_dir / DEFAULT_MODEL_NAME
+    folder.mkdir(parents=True)
+    (folder / "model.onnx").write_text("fake")
+    (folder / "config.json").write_text("{}")
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "ortgen": ortgen.__version__,
+        "variant": DEFAULT_VARIANT.to_dict(),
+        "source_sha256": DEFAULT_GGUF_SHA256,
+        "tools": tool_versions(),
+        **changes,
+    }
+    (folder / MANIFEST_NAME).write_text(json.dumps(manifest))
+    return folder
+
+
+def test_a_current_default_model_is_returned_at_once(tmp_path: Path) -> None:
+    folder = _fake_default_model(tmp_path)
     messages: list[str] = []
+    assert default_model_stale(folder) is None
     assert build_default_model(tmp_path, progress=messages.append) == folder
     assert messages == []
     assert not (tmp_path / ".cache").exists()
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"format": 1}, "manifest format is 1, this ortgen writes 2"),
+        ({"ortgen": "0.0.1"}, f"from ortgen 0.0.1, this is ortgen {ortgen.__version__}"),
+        (
+            {"variant": {"graph": "optimum", "precision": "fp32", "block_size": 32,
+                         "accuracy_level": 4}},
+            f"variant optimum-fp32, the default is {DEFAULT_VARIANT.name}",
+        ),
+        ({"source_sha256": "0" * 64}, "source file's sha256 differs"),
+        ({"tools": {**tool_versions(), "onnxruntime": "0.0.0"}}, "exported with onnxruntime 0.0.0"),
+    ],
+)  # fmt: skip
+def test_an_outdated_default_model_is_rebuilt_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, changes: dict, reason: str
+) -> None:
+    """Every recorded fact that no longer matches triggers a rebuild with a stage line."""
+    folder = _fake_default_model(tmp_path, **changes)
+    assert reason in (default_model_stale(folder) or "")
+    _fake_wheel(tmp_path / ".cache", b"GGUF fake model")
+    built: list[tuple[Path, Path, object]] = []
+
+    def fake_export(source, out, *, variant, progress, overwrite):
+        built.append((source, out, variant))
+        assert overwrite  # the old folder is replaced as a whole
+        return out
+
+    monkeypatch.setattr(default_model, "export_model", fake_export)
+    messages: list[str] = []
+    assert build_default_model(tmp_path, progress=messages.append) == folder
+    assert built == [(tmp_path / ".cache" / "SmolLM2-135M-Instruct.Q4_1.gguf", folder,
+                      DEFAULT_VARIANT)]  # fmt: skip
+    assert messages[0].startswith(f"default model {folder} is out of date (")
+    assert reason in messages[0] and messages[0].endswith("); rebuilding")
+
+
+def test_force_rebuilds_a_current_default_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = _fake_default_model(tmp_path)
+    _fake_wheel(tmp_path / ".cache", b"GGUF fake model")
+    built: list[Path] = []
+    monkeypatch.setattr(
+        default_model, "export_model", lambda source, out, **_kw: built.append(out) or out
+    )
+    assert build_default_model(tmp_path, progress=lambda _m: None, force=True) == folder
+    assert built == [folder]
+
+
+def test_an_unreadable_manifest_is_not_a_finished_folder(tmp_path: Path) -> None:
+    folder = _fake_default_model(tmp_path)
+    assert is_complete_model_folder(folder)
+    (folder / MANIFEST_NAME).write_text("{not json")
+    assert not is_complete_model_folder(folder)

@@ -117,6 +117,7 @@ def export_model(
 
                 quantize_matmuls(built / "model.onnx", variant, source=source)
         _ensure_tokenizer(hf_dir, built, source, progress)
+        _check_loads(built, source)
         write_manifest(built, source=source, source_sha256=source_sha256, variant=variant.to_dict())
         _move_into_place(built, out, overwrite, staging)
     finally:
@@ -262,6 +263,18 @@ def _ensure_tokenizer(hf_dir: Path, built: Path, source: Path, progress: Progres
             f"warning: {source} has tokenizer files but no fast tokenizer (tokenizer.json) "
             "could be saved; the model will only generate from token ids"
         )
+
+
+def _check_loads(built: Path, source: Path) -> None:
+    """Load the new folder as ortgen will (onnxruntime session + graph signature), so a
+    graph onnxruntime rejects never gets a manifest, i.e. never looks finished."""
+    from ..errors import ModelLoadError
+    from ..model import ExportedModel
+
+    try:
+        ExportedModel(built, threads=1)
+    except ModelLoadError as exc:
+        raise ExportError(f"export of {source} produced a graph ortgen cannot load: {exc}") from exc
 
 
 def _copy_model_files(hf_dir: Path, built: Path) -> None:

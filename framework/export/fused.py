@@ -73,7 +73,8 @@ def _run_builder(hf_dir: Path, dest: Path, variant: Variant, source: Path) -> No
         with quiet(), contextlib.redirect_stdout(io.StringIO()):
             import onnxruntime_genai.models.builder as builder
 
-            base = sys.modules["builders.base"]  # the builder imports its own package so
+            builder.check_extra_options(options, "cpu")  # its own parsing: "false" -> False
+            base = sys.modules["builders.base"]  # imported by the builder as "builders"
             with mock.patch.object(base.Model, "save_processing", _no_processing):
                 builder.create_model(
                     None,

@@ -1,0 +1,191 @@
+"""The fused graph family (onnxruntime-genai's builder) and the static cache, against transformers.
+
+Tiny random Llama and Qwen2 models are exported at fp32 by the builder: greedy decoding
+must equal transformers' PyTorch ``generate`` token for token, alone, in padded batches
+(prefilled row by row), in chunks, and with both caches. On optimum graphs the static
+cache must give exactly what the dynamic cache gives.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ortgen
+from ortgen import InputError
+from tests.tiny_models import EOS_ID, PAD_ID, export_tiny
+
+FUSED_ARCHS = ("llama", "qwen2")
+PROMPTS = [[1, 5, 9, 33, 70, 12], [1, 44, 3], [1, 100, 101, 102, 103, 104, 105, 106, 107]]
+NEW = 12
+
+
+@pytest.fixture(scope="module", params=FUSED_ARCHS)
+def fused(request: pytest.FixtureRequest, tiny_root: Path):
+    """(arch, transformers model, ortgen generator) for a fused fp32 export."""
+    from transformers import AutoModelForCausalLM
+
+    arch = request.param
+    out = export_tiny(arch, tiny_root / "fused", graph="fused")
+    hf = AutoModelForCausalLM.from_pretrained(tiny_root / "fused" / f"{arch}-hf").eval()
+    return arch, hf, ortgen.load(out, threads=1)
+
+
+def _hf_greedy(hf, prompt: list[int], new: int = NEW) -> list[int]:
+    import torch
+
+    with torch.no_grad():
+        out = hf.generate(
+            torch.tensor([prompt]), max_new_tokens=new, do_sample=False, eos_token_id=None,
+            pad_token_id=PAD_ID,
+        )  # fmt: skip
+    return out[0, len(prompt) :].tolist()
+
+
+def test_fused_export_is_a_shared_buffer_graph_without_position_ids(fused) -> None:
+    _arch, _hf, gen = fused
+    signature = gen.model.signature
+    assert signature.kv_layout == "shared" and signature.shared_kv
+    assert not signature.has_position_ids
+    files = {p.name for p in gen.path.iterdir()}
+    assert {"model.onnx", "model.onnx.data", "genai_config.json", "config.json"} <= files
+    manifest = json.loads((gen.path / "ortgen_manifest.json").read_text())
+    assert manifest["variant"]["graph"] == "fused"
+
+
+def test_fused_prefill_returns_only_the_last_position(fused) -> None:
+    """The LM head is pruned: a 6-token prefill gives (1, 1, V) logits, not (1, 6, V)."""
+    _arch, _hf, gen = fused
+    state = gen.start(PROMPTS[0], max_new_tokens=1)
+    cache = state.chain.cache
+    ids = np.asarray([PROMPTS[0]], dtype=np.int64)
+    mask = np.ones_like(ids)
+    logits, _ = gen.model.forward(ids, mask, None, cache.inputs(), cache.outputs(ids.shape[1]))
+    assert logits.shape == (1, 1, gen.model.signature.vocab_size)
+
+
+@pytest.mark.parametrize("cache", ["static", "dynamic"])
+def test_fused_greedy_equals_transformers_alone(fused, cache: str) -> None:
+    _arch, hf, gen = fused
+    for prompt in PROMPTS:
+        out = gen.generate(prompt, max_new_tokens=NEW, eos_token_id=None, cache={"name": cache})
+        assert out.tokens[0] == _hf_greedy(hf, prompt)
+
+
+@pytest.mark.parametrize("chunk", [256, 2, 5])
+def test_fused_padded_batch_equals_each_prompt_alone(fused, chunk: int) -> None:
+    """Rows of different lengths are prefilled row by row (also in chunks) into one buffer."""
+    _arch, hf, gen = fused
+    state = gen.start(PROMPTS, max_new_tokens=NEW, eos_token_id=None)
+    state.prefill_chunk = chunk
+    while not state.is_done:
+        state.step()
+    for row, prompt in enumerate(PROMPTS):
+        assert state.generated(row) == _hf_greedy(hf, prompt)
+
+
+def test_fused_rows_finish_at_their_own_eos(fused) -> None:
+    _arch, hf, gen = fused
+    eos = {row: _hf_greedy(hf, p)[3] for row, p in enumerate(PROMPTS)}  # the 4th token of each
+    out = gen.generate(PROMPTS, max_new_tokens=NEW, eos_token_id=[eos[0], eos[1], eos[2]])
+    for row, prompt in enumerate(PROMPTS):
+        ref = _hf_greedy(hf, prompt)
+        stop = next(i for i, t in enumerate(ref) if t in eos.values())
+        assert out.tokens[row] == ref[: stop + 1]
+        assert out.finish_reasons[row] == "eos"
+
+
+def test_fused_dynamic_cache_refuses_a_padded_batch_clearly(fused) -> None:
+    _arch, _hf, gen = fused
+    with pytest.raises(InputError, match=r"cannot hold prompts of different lengths.*static"):
+        gen.generate(PROMPTS, max_new_tokens=2, cache={"name": "dynamic"})
+
+
+def test_fused_chat_continuation_grows_the_static_cache(fused) -> None:
+    """A continued conversation feeds several tokens on top of the cache; past the first
+    turn's capacity the static cache grows, and the result equals one long prompt."""
+    _arch, hf, gen = fused
+    first = gen.start(PROMPTS[0], max_new_tokens=3, eos_token_id=None)
+    while not first.is_done:
+        first.step()
+    capacity_before = first.chain.cache.nbytes
+    held = first.sequences[0].tolist()
+    follow_up = [*held, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49]
+    state, _config = gen.next_turn(first, follow_up, max_new_tokens=8, eos_token_id=None)
+    assert state is first  # the cache was reused
+    while not state.is_done:
+        state.step()
+    assert state.chain.cache.nbytes > capacity_before
+    assert state.generated(0) == _hf_greedy(hf, follow_up, 8)
+
+
+def test_fused_rewind_then_continue(fused) -> None:
+    _arch, hf, gen = fused
+    state = gen.start(PROMPTS[2], max_new_tokens=6, eos_token_id=None)
+    while not state.is_done:
+        state.step()
+    state.rewind(3)
+    state.append([[7]])
+    state.step()
+    kept = state.sequences[0].tolist()
+    assert kept[-1] == _hf_greedy(hf, kept[:-1], 1)[0]
+
+
+def test_a_builder_folder_from_elsewhere_loads(fused, tmp_path: Path) -> None:
+    """A folder as onnxruntime-genai's builder writes it (genai_config.json, no config.json,
+    no ortgen manifest) loads: ids, context length and the shared buffer come from it."""
+    _arch, hf, gen = fused
+    folder = tmp_path / "genai"
+    folder.mkdir()
+    for name in ("model.onnx", "model.onnx.data", "genai_config.json"):
+        shutil.copyfile(gen.path / name, folder / name)
+    other = ortgen.load(folder, threads=1)
+    assert other.model.signature.shared_kv
+    assert (
+        other.model.max_context
+        == json.loads((folder / "genai_config.json").read_text())["model"]["context_length"]
+    )
+    out = other.generate(PROMPTS, max_new_tokens=NEW, eos_token_id=None)
+    assert out.tokens == [_hf_greedy(hf, p) for p in PROMPTS]
+    assert other.resolve_config().config.eos_token_ids == (EOS_ID,)
+
+
+# --------------------------------------------------------------- static cache, optimum graphs
+
+
+def test_static_equals_dynamic_on_optimum_graphs(tiny_model_dirs, tiny_arch: str) -> None:
+    """Ping-pong buffers on Concat-style graphs: same tokens as the dynamic cache, in a
+    padded batch, with chunked prefill, after a rewind and a continuation."""
+    _hf_dir, onnx_dir = tiny_model_dirs[tiny_arch]
+    gen = ortgen.load(onnx_dir, threads=1)
+    assert gen.model.signature.kv_layout == "concat"
+    results = {}
+    for cache in ("static", "dynamic"):
+        state = gen.start(PROMPTS, max_new_tokens=NEW, eos_token_id=None, cache={"name": cache})
+        state.prefill_chunk = 4
+        while not state.is_done:
+            state.step()
+        state.rewind(5)
+        state.append([[9, 8]] * len(PROMPTS))  # 3 positions left to generate
+        steps = []
+        while not state.is_done:
+            steps.append(state.step().tolist())
+        results[cache] = ([state.generated(r) for r in range(len(PROMPTS))], steps)
+        assert state.chain.cache_name == cache
+    assert results["static"] == results["dynamic"]
+
+
+def test_static_cache_is_the_default_and_reports_its_bytes(tiny_model_dirs) -> None:
+    _hf_dir, onnx_dir = tiny_model_dirs["llama"]
+    gen = ortgen.load(onnx_dir, threads=1)
+    state = gen.start(PROMPTS, max_new_tokens=4)
+    assert state.chain.cache_name == "static"
+    signature = gen.model.signature
+    per_position = 2 * signature.num_layers * signature.num_kv_heads * signature.head_dim * 4
+    # concat graphs hold two halves (ping-pong) of max_length positions per row
+    max_length = state.ids.shape[1]
+    assert state.chain.cache.nbytes == 2 * len(PROMPTS) * max_length * per_position
