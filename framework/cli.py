@@ -28,9 +28,10 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, help="onnxruntime intra-op threads (default: cores)")
 
 
-def _add_generation_flags(parser: argparse.ArgumentParser) -> None:
+def _add_generation_flags(parser: argparse.ArgumentParser, *, length: bool = True) -> None:
     for flag, dest, kind in SAMPLING_FLAGS:
-        parser.add_argument(flag, dest=dest, type=kind, default=None)
+        if length or dest != "max_new_tokens":
+            parser.add_argument(flag, dest=dest, type=kind, default=None)
     parser.add_argument(
         "--do-sample",
         dest="do_sample",
@@ -49,7 +50,7 @@ def _add_generation_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
-    settings = {dest: getattr(args, dest) for _, dest, _ in SAMPLING_FLAGS}
+    settings = {dest: getattr(args, dest, None) for _, dest, _ in SAMPLING_FLAGS}
     settings["do_sample"] = args.do_sample
     settings = {k: v for k, v in settings.items() if v is not None}
     for item in args.settings:
@@ -274,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", help="KV cache NAME[:key=value,...] (default: static)")
     p.add_argument("--reference", help="fp32 model folder for top-1 agreement")
     p.add_argument("--no-quality", action="store_true", help="skip perplexity and agreement")
-    _add_generation_flags(p)
+    _add_generation_flags(p, length=False)  # --new-tokens sets the length
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("plugins", help="list registered components and their plugins")

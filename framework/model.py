@@ -234,6 +234,8 @@ class ExportedModel:
                     binding.bind_ortvalue_output(name, presents[index])
             self._bound = key if presents is not None else ()
         self.session.run_with_iobinding(binding)
+        if logits_buffer is not None and presents is not None:  # nothing new to collect
+            return logits_buffer.numpy(), presents
         outputs = binding.get_outputs()  # in binding order: logits first
         logits = logits_buffer.numpy() if logits_buffer is not None else outputs[0].numpy()
         return logits, (presents if presents is not None else list(outputs[1:]))

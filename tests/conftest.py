@@ -59,3 +59,29 @@ def default_gen(default_model_dir: Path):
     import ortgen
 
     return ortgen.load(default_model_dir)
+
+
+@pytest.fixture(scope="session")
+def reference_model_dir(default_model_dir: Path) -> Path:
+    """The default model's GGUF exported at fp32 as a fused graph: the quality reference,
+    kept (git-ignored) next to the default model and rebuilt when out of date."""
+    from ortgen.export import Variant, export_model, is_complete_model_folder
+    from ortgen.export.default_model import DEFAULT_GGUF_SHA256, download_default_gguf
+    from ortgen.export.manifest import stale_reason
+
+    out = default_model_dir.parent / ".reference" / "smollm2-135m-instruct-fused-fp32"
+    variant = Variant(graph="fused", precision="fp32")
+    current = is_complete_model_folder(out) and (
+        stale_reason(out, variant=variant.to_dict(), source_sha256=DEFAULT_GGUF_SHA256) is None
+    )
+    if not current:
+        gguf = download_default_gguf(default_model_dir.parent / ".cache")
+        export_model(gguf, out, variant=variant, progress=lambda _msg: None, overwrite=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def reference_gen(reference_model_dir: Path):
+    import ortgen
+
+    return ortgen.load(reference_model_dir)

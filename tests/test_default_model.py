@@ -18,14 +18,17 @@ def test_chat_answer_is_right(default_gen):
     assert "<|im_end|>" not in out.text
 
 
-def test_greedy_equals_transformers_on_the_same_weights(default_gen, default_model_dir):
+def test_fp32_fused_greedy_equals_transformers_on_the_same_weights(
+    reference_gen, default_model_dir
+):
+    """The fused graph family at fp32 on the real model: token for token with PyTorch."""
     from transformers import AutoModelForCausalLM
 
     from ortgen.export.default_model import download_default_gguf
 
     gguf = download_default_gguf(default_model_dir.parent / ".cache")
     hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name).eval()
-    prompt = default_gen.chat_prompt([{"role": "user", "content": "Tell me about the sea."}])
+    prompt = reference_gen.chat_prompt([{"role": "user", "content": "Tell me about the sea."}])
     with torch.no_grad():
         expected = hf.generate(
             torch.tensor([prompt]),
@@ -35,9 +38,27 @@ def test_greedy_equals_transformers_on_the_same_weights(default_gen, default_mod
             eos_token_id=None,
             pad_token_id=2,
         )[0, len(prompt) :].tolist()
-    out = default_gen.generate(prompt, max_new_tokens=32, eos_token_id=None)
+    out = reference_gen.generate(prompt, max_new_tokens=32, eos_token_id=None)
     assert out.tokens[0] == expected
     assert len(expected) == 32
+
+
+def test_the_default_variant_passes_the_quality_rule(default_gen, reference_gen):
+    """The default model is a quantised variant: teacher-forced on the fixed evaluation
+    text, its perplexity stays within 5% of the fp32 graph's (the rule that chose it)."""
+    from ortgen.export import DEFAULT_VARIANT
+    from ortgen.export.manifest import read_manifest
+    from ortgen.quality import eval_ids, score_tokens
+
+    assert read_manifest(default_gen.path)["variant"] == DEFAULT_VARIANT.to_dict()
+    assert DEFAULT_VARIANT.precision != "fp32"
+    ids = eval_ids(default_gen)
+    assert len(ids) > 1900
+    reference = score_tokens(reference_gen, ids)
+    scores = score_tokens(default_gen, ids)
+    assert 5 < reference.perplexity < 50  # a trained model on plain English
+    assert scores.perplexity <= 1.05 * reference.perplexity
+    assert scores.agreement(reference) >= 0.8
 
 
 def test_stream_equals_generate(default_gen):

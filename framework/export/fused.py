@@ -60,14 +60,18 @@ def _run_builder(hf_dir: Path, dest: Path, variant: Variant, source: Path) -> No
     tokenizer itself, and the builder fails on folders that have none)."""
     options = {"int4_accuracy_level": str(variant.accuracy_level)}
     if _BUILDER_PRECISION[variant.precision] == "int4":
+        block = variant.block_size if variant.precision == "int4" else 32
         options |= {
-            "int4_block_size": str(variant.block_size if variant.precision == "int4" else 32),
+            "int4_block_size": str(block),
             # asymmetric (uint4 + zero points): the 0.11.4 builder's symmetric int4 with
             # shared embeddings references a zero-point tensor it never writes
             "int4_is_symmetric": "false",
-            "int4_algo_config": "rtn",
-            "shared_embeddings": "true",
         }
+        if _hidden_size(hf_dir) % block == 0:
+            # the embedding shares the LM head's 4-bit weights (GatherBlockQuantized); the
+            # builder's RTN path behind it fails when the hidden size is not a whole number
+            # of blocks, and then the embedding stays fp32
+            options |= {"int4_algo_config": "rtn", "shared_embeddings": "true"}
     cache = dest.parent / f"{dest.name}-builder-cache"
     try:
         with quiet(), contextlib.redirect_stdout(io.StringIO()):
@@ -101,6 +105,13 @@ def _run_builder(hf_dir: Path, dest: Path, variant: Variant, source: Path) -> No
         shutil.rmtree(cache, ignore_errors=True)
     if not (dest / "model.onnx").is_file():
         raise ExportError(f"onnxruntime-genai's model builder wrote no model.onnx for {source}")
+
+
+def _hidden_size(hf_dir: Path) -> int:
+    import json
+
+    config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+    return int(config.get("hidden_size") or config.get("n_embd") or 0)
 
 
 def _no_processing(*_args, **_kwargs) -> None:
