@@ -76,6 +76,16 @@ def stopping_specs(config: GenerationConfig, max_length: int) -> list[Spec]:
     return specs
 
 
+def cache_spec(config: GenerationConfig, ctx: GenerationContext) -> Spec:
+    """The configured cache, or the graph's own default: ``static`` on shared-buffer (fused)
+    graphs, which it makes fast (one preallocated buffer bound as past and present), and
+    ``dynamic`` on Concat-style (optimum) graphs, whose presents are new tensors anyway."""
+    if config.cache:
+        return _explicit((config.cache,))[0]
+    shared = ctx.signature is None or ctx.signature.shared_kv
+    return ("static" if shared else "dynamic"), {}
+
+
 def _explicit(components: tuple[Mapping[str, Any], ...]) -> list[Spec]:
     return [(spec["name"], {k: v for k, v in spec.items() if k != "name"}) for spec in components]
 
@@ -94,7 +104,7 @@ def build_chain(
         name, params = spec
         return name, registry.create(kind, name, params, ctx)
 
-    cache_name, cache_backend = cache or create("kv_cache", _explicit((config.cache,))[0])
+    cache_name, cache_backend = cache or create("kv_cache", cache_spec(config, ctx))
     return Chain(
         processors=[create("logits_processor", s) for s in processor_specs(config)],
         sampler=create("sampler", sampler_spec(config)),

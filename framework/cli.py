@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -324,7 +325,9 @@ def _run(args: argparse.Namespace) -> int:
         print(f"ortgen: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `ortgen ... | head`: the reader left; not an error
-        sys.stderr.close()
+        # point stdout at /dev/null so the interpreter's final flush cannot fail again;
+        # stderr stays open for anything still worth saying
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
 
 

@@ -115,7 +115,7 @@ class GenerationConfig:
     bos_token_id: int | None = None
     # ortgen
     seed: int | None = None
-    cache: Mapping[str, Any] = field(default_factory=lambda: {"name": "static"})
+    cache: Mapping[str, Any] | None = None  # None: the graph's own default (see chain.py)
     sampler: Mapping[str, Any] | None = None
     logits_processors: tuple[Mapping[str, Any], ...] = ()
     stopping_criteria: tuple[Mapping[str, Any], ...] = ()
@@ -397,9 +397,10 @@ def _warn_ineffective(config: GenerationConfig, sources: dict[str, str]) -> None
         if sources.get(k) in ("pipeline", "call") and getattr(config, k) != getattr(DEFAULTS, k)
     ]
     if ignored:
+        verb, be, obj = ("applies", "is", "it") if len(ignored) == 1 else ("apply", "are", "them")
         warnings.warn(
-            f"{', '.join(ignored)} only apply when sampling and are ignored because "
-            "do_sample=false; pass do_sample=true to use them",
+            f"{', '.join(ignored)} only {verb} when sampling and {be} ignored because "
+            f"do_sample=false; pass do_sample=true to use {obj}",
             UserWarning,
             stacklevel=3,
         )

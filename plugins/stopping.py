@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -79,10 +80,16 @@ class MaxTimeCriterion:
     """All rows finished once ``max_time`` seconds passed since construction (MaxTimeCriteria).
 
     The factory runs when the request starts, so the clock covers the whole
-    request; it uses ``time.monotonic`` (HF uses the wall clock).
+    request; it uses ``time.monotonic`` (HF uses the wall clock). A row is finished
+    once the elapsed time is strictly greater than ``max_time``, as in Hugging Face.
+
+    ``clock`` (seconds, a zero-argument callable) is read once at construction and
+    once per call. It is a class attribute rather than a factory parameter, so it
+    is not a setting users can pass; tests inject a fake clock with a subclass.
     """
 
     finish_reason = "time"
+    clock: Callable[[], float] = staticmethod(time.monotonic)
 
     def __init__(self, max_time: float) -> None:
         ok = isinstance(max_time, numbers.Real) and not isinstance(max_time, bool)
@@ -91,8 +98,8 @@ class MaxTimeCriterion:
                 f"`max_time` has to be a non-negative number of seconds, but is {max_time!r}"
             )
         self.max_time = float(max_time)
-        self.start = time.monotonic()
+        self.start = self.clock()
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        done = time.monotonic() - self.start > self.max_time
+        done = self.clock() - self.start > self.max_time
         return np.full(input_ids.shape[0], done, dtype=bool)

@@ -132,3 +132,14 @@ def test_an_unreadable_manifest_is_not_a_finished_folder(tmp_path: Path) -> None
     assert is_complete_model_folder(folder)
     (folder / MANIFEST_NAME).write_text("{not json")
     assert not is_complete_model_folder(folder)
+
+
+def test_tool_versions_match_importlib_metadata() -> None:
+    """The cheap dist-info scan finds what importlib.metadata finds."""
+    from importlib import metadata
+
+    for name, version in tool_versions().items():
+        try:
+            assert version == metadata.version(name), name
+        except metadata.PackageNotFoundError:
+            assert version is None, name

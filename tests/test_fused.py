@@ -179,13 +179,22 @@ def test_static_equals_dynamic_on_optimum_graphs(tiny_model_dirs, tiny_arch: str
     assert results["static"] == results["dynamic"]
 
 
-def test_static_cache_is_the_default_and_reports_its_bytes(tiny_model_dirs) -> None:
-    _hf_dir, onnx_dir = tiny_model_dirs["llama"]
-    gen = ortgen.load(onnx_dir, threads=1)
-    state = gen.start(PROMPTS, max_new_tokens=4)
-    assert state.chain.cache_name == "static"
-    signature = gen.model.signature
-    per_position = 2 * signature.num_layers * signature.num_kv_heads * signature.head_dim * 4
-    # concat graphs hold two halves (ping-pong) of max_length positions per row
-    max_length = state.ids.shape[1]
-    assert state.chain.cache.nbytes == 2 * len(PROMPTS) * max_length * per_position
+def test_the_default_cache_follows_the_graph(fused, tiny_model_dirs) -> None:
+    """static on shared-buffer graphs (what makes them fast), dynamic on Concat graphs
+    (their presents are new tensors anyway); a named cache overrides either."""
+    _arch, _hf, fused_gen = fused
+    assert fused_gen.start(PROMPTS, max_new_tokens=2).chain.cache_name == "static"
+    concat_gen = ortgen.load(tiny_model_dirs["llama"][1], threads=1)
+    assert concat_gen.start(PROMPTS, max_new_tokens=2).chain.cache_name == "dynamic"
+    chosen = concat_gen.start(PROMPTS, max_new_tokens=2, cache="static")
+    assert chosen.chain.cache_name == "static"
+
+
+def test_static_cache_reports_its_reserved_bytes(fused, tiny_model_dirs) -> None:
+    for gen, halves in ((fused[2], 1), (ortgen.load(tiny_model_dirs["llama"][1]), 2)):
+        state = gen.start(PROMPTS, max_new_tokens=4, cache="static")
+        signature = gen.model.signature
+        per_position = 2 * signature.num_layers * signature.num_kv_heads * signature.head_dim * 4
+        max_length = state.ids.shape[1]  # the capacity: the request's max_length
+        # shared graphs hold one buffer per tensor; concat graphs two halves (ping-pong)
+        assert state.chain.cache.nbytes == halves * len(PROMPTS) * max_length * per_position

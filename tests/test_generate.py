@@ -8,6 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import ortgen
+from tests.tiny_models import PAD_ID
 
 PROMPTS = [[5, 17, 42, 99, 3, 64], [7, 8], [200, 13, 55, 1, 9, 9, 9, 31, 77]]
 
@@ -60,7 +61,8 @@ def test_batch_rows_equal_single_prompts(models):
         assert out.tokens[row] == hf_greedy(hf, prompt, 12, eos=None), f"row {row}"
     width = max(map(len, PROMPTS)) + 12
     assert out.sequences.shape == (3, width)
-    assert out.sequences[1, : width - 12 - 2].tolist() == [out.sequences[1, 0]] * (width - 14)
+    # row 1's 2-token prompt is left-padded with the model's pad id (tiny models: 0)
+    assert out.sequences[1, : width - 12].tolist() == [PAD_ID] * (width - 14) + PROMPTS[1]
 
 
 def test_batch_rows_finish_independently(models):
@@ -146,3 +148,39 @@ def test_num_return_sequences_expands_each_prompt(models):
         for r in range(3, 6)
     )
     assert len({tuple(t) for t in out.tokens[:3]}) > 1, "sampled rows should differ"
+
+
+def hf_batch(hf, prompts: list[list[int]], max_new_tokens: int, eos, pad: int) -> np.ndarray:
+    """transformers' batched greedy generate on left-padded prompts: (B, T) sequences."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        out = hf.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=pad,
+        )
+    return out.numpy()
+
+
+@pytest.mark.parametrize("pad", [0, 5])
+def test_batch_sequences_equal_transformers_padded_batch(models, pad):
+    """The whole (B, T) array, prompt padding and post-EOS padding included, equals
+    transformers' batched generate with the same pad id."""
+    hf, gen = models
+    free = [hf_greedy(hf, p, 10, eos=None) for p in PROMPTS]
+    eos = free[1][2]  # row 1 finishes early; the others may too
+    expected = hf_batch(hf, PROMPTS, 10, eos=eos, pad=pad)
+    out = gen.generate(PROMPTS, max_new_tokens=10, eos_token_id=eos, pad_token_id=pad)
+    assert out.finish_reasons[1] == "eos"
+    width = max(map(len, PROMPTS))
+    assert out.sequences[1, : width - 2].tolist() == [pad] * (width - 2)
+    assert out.sequences[1, width + len(out.tokens[1]) :].tolist() == [pad] * (
+        out.sequences.shape[1] - width - len(out.tokens[1])
+    )
+    np.testing.assert_array_equal(out.sequences, expected[:, : out.sequences.shape[1]])
+    assert expected.shape[1] == out.sequences.shape[1]

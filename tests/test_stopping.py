@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import time
 
 import numpy as np
@@ -56,16 +57,65 @@ def test_max_length_matches_hf(max_length):
     assert S.MaxLengthCriterion.finish_reason == "length"
 
 
+class FakeClock:
+    """A clock that only moves when the test moves it."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def fake_clocked(clock: FakeClock) -> type[S.MaxTimeCriterion]:
+    class Clocked(S.MaxTimeCriterion):
+        pass
+
+    Clocked.clock = staticmethod(clock)
+    return Clocked
+
+
 def test_max_time_counts_from_construction():
+    clock = FakeClock()
     ids = np.zeros((2, 3), np.int64)
-    slow, fast = S.MaxTimeCriterion(0.05), S.MaxTimeCriterion(3600)
-    hf_slow = hf.MaxTimeCriteria(0.05)
-    assert S.MaxTimeCriterion.finish_reason == "time"
-    assert slow(ids, SCORES).tolist() == [False, False] == hf_done(hf_slow, ids).tolist()
-    time.sleep(0.08)
-    assert slow(ids, SCORES).tolist() == [True, True] == hf_done(hf_slow, ids).tolist()
-    assert fast(ids, SCORES).tolist() == [False, False]
-    assert S.MaxTimeCriterion(0)(ids, SCORES).all()
+    clock.now = 1000.0
+    crit = fake_clocked(clock)(0.5)
+    clock.now = 5000.0  # time before construction does not count; only time since
+    later = fake_clocked(clock)(0.5)
+    assert crit.finish_reason == "time"
+    assert later(ids, SCORES).tolist() == [False, False]
+    assert crit(ids, SCORES).tolist() == [True, True]
+    clock.now = 5000.5  # exactly max_time elapsed: not finished yet (strictly greater)
+    assert later(ids, SCORES).tolist() == [False, False]
+    clock.now = 5000.5001
+    assert later(ids, SCORES).tolist() == [True, True]
+
+
+def test_max_time_matches_hf_on_the_same_elapsed_times(monkeypatch):
+    """HF's MaxTimeCriteria reads time.time(); ortgen's reads the injected clock. With
+    both clocks driven by the same fake, they agree at every elapsed time, the boundary
+    included."""
+    clock = FakeClock()
+    monkeypatch.setattr(hf.time, "time", clock)
+    ids = np.zeros((3, 4), np.int64)
+    for max_time in (0.0, 0.25, 2.0):
+        clock.now = 1000.0
+        ours, theirs = fake_clocked(clock)(max_time), hf.MaxTimeCriteria(max_time)
+        seen = set()
+        for elapsed in (0.0, 0.1, 0.25, 0.26, 1.0, 2.0, 2.5):
+            clock.now = 1000.0 + elapsed
+            done = ours(ids, SCORES)
+            assert done.dtype == np.bool_ and done.shape == (3,)
+            assert done.tolist() == hf_done(theirs, ids).tolist(), (max_time, elapsed)
+            seen.add(bool(done[0]))
+        assert seen == {False, True}, max_time
+
+
+def test_max_time_default_clock_is_monotonic():
+    assert S.MaxTimeCriterion.clock is time.monotonic
+    crit = S.MaxTimeCriterion(3600)
+    assert crit(np.zeros((2, 3), np.int64), SCORES).tolist() == [False, False]
+    assert "clock" not in inspect.signature(S.MaxTimeCriterion).parameters  # not a setting
 
 
 BAD_ARGS = [

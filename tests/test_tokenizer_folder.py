@@ -54,7 +54,11 @@ def test_llama_class_post_processor_and_legacy_special_map(root: Path, backend: 
         for text in TEXTS:
             assert tok.encode(text) == hf(text)["input_ids"], (add_bos, add_eos, text)
         ids = tok.encode("hi there")
-        assert ids[0] == (1 if add_bos in (True, None) else ids[0])
+        plain = tok.encode("hi there", add_special_tokens=False)
+        assert plain and not {1, 2} & set(plain)  # BOS <|im_start|> = 1, EOS <|im_end|> = 2
+        bos = [1] if add_bos in (True, None) else []  # LlamaTokenizer: add_bos defaults on
+        eos = [2] if add_eos else []  # ... and add_eos off
+        assert ids == bos + plain + eos, (add_bos, add_eos)
         assert tok.decode(ids, skip_special_tokens=False) == hf.decode(ids)
 
 

@@ -2,21 +2,43 @@
 
 This subpackage is the ``export`` extra's boundary: it alone imports torch,
 transformers, optimum, onnx and onnxruntime-genai's model builder, and only inside
-the functions that need them, so ``import ortgen`` stays light.
+the functions that need them. Its public names are imported on first use, so reading
+a variant or a manifest (which every ``ortgen.load()`` of the default model does) costs
+no more than those small modules.
 """
 
 from __future__ import annotations
 
-from .exporter import Progress, export_model, print_progress
-from .manifest import MANIFEST_NAME, is_complete_model_folder
-from .variant import DEFAULT_VARIANT, Variant
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "DEFAULT_VARIANT",
-    "MANIFEST_NAME",
+if TYPE_CHECKING:
+    from .exporter import Progress, export_model, print_progress
+    from .manifest import MANIFEST_NAME, is_complete_model_folder
+    from .variant import DEFAULT_VARIANT, Variant
+
+_LAZY = {
+    "Progress": "exporter",
+    "export_model": "exporter",
+    "print_progress": "exporter",
+    "MANIFEST_NAME": "manifest",
+    "is_complete_model_folder": "manifest",
+    "DEFAULT_VARIANT": "variant",
+    "Variant": "variant",
+}
+
+__all__ = [  # noqa: RUF022 (grouped by module)
     "Progress",
-    "Variant",
     "export_model",
-    "is_complete_model_folder",
     "print_progress",
+    "MANIFEST_NAME",
+    "is_complete_model_folder",
+    "DEFAULT_VARIANT",
+    "Variant",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'ortgen.export' has no attribute {name!r}")

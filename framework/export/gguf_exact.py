@@ -85,7 +85,12 @@ class _Blocks:
 
 
 def rewrite_with_gguf_weights(
-    onnx_dir: Path, gguf: Path, *, accuracy_level: int = 4, verify: bool = True
+    onnx_dir: Path,
+    gguf: Path,
+    *,
+    accuracy_level: int = 4,
+    verify: bool = True,
+    exact_head: bool = True,
 ) -> dict[str, Any]:
     """Rewrite the builder's int4 graph in ``onnx_dir`` in place to use ``gguf``'s exact weights.
 
@@ -94,6 +99,10 @@ def rewrite_with_gguf_weights(
     transformers folder that ``gguf`` dequantises to. Every MatMulNBits (and the
     GatherBlockQuantized embedding, if any) is rewritten; ``accuracy_level`` is set on every
     MatMulNBits (0: float activations, exact; 4: int8 activations, fast).
+
+    With ``exact_head=False`` the LM head and the embedding keep the builder's int4 weights
+    (re-quantised from the GGUF's Q8_0: half the bytes read per token for the head, not
+    exact); every other weight is still the GGUF's own.
 
     With ``verify`` the new weights are dequantised and compared with ``gguf.quants``'
     dequantisation (``max_abs_diff_vs_gguf``, expected 0.0) and with the builder's own weights
@@ -203,6 +212,8 @@ def rewrite_with_gguf_weights(
     for node in matmuls.values():
         if node.name in paired_ups:
             continue  # handled with its gate_proj
+        if node.name.startswith("/lm_head/") and not exact_head:
+            continue
         blocks = _concat(np, [load(p) for p in _gguf_parts(node.name, tensors)], node.name)
         check(node, blocks)
         report["tensors_rewritten"] += 1
@@ -234,9 +245,10 @@ def rewrite_with_gguf_weights(
             "GGUF rewrite: expected one embedding gather under /model/embed_tokens/, found "
             f"{[n.name for n in gathers]}"
         )
-    emb_blocks = load("token_embd.weight")
-    edit.rewrite_embedding(gathers[0], emb_blocks, lm_head, verify)
-    report["tensors_rewritten"] += 1
+    if exact_head:
+        emb_blocks = load("token_embd.weight")
+        edit.rewrite_embedding(gathers[0], emb_blocks, lm_head, verify)
+        report["tensors_rewritten"] += 1
 
     report["norms_checked"] = _check_norms(np, onnx, inits, tensors, reader, arch)
     edit.finish()

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-from importlib import metadata
+import os
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +39,34 @@ def ortgen_version() -> str:
 
 
 def tool_versions() -> dict[str, str | None]:
-    """Installed versions of the export stack (None: not installed)."""
-    versions: dict[str, str | None] = {}
-    for name in EXPORT_TOOLS:
+    """Installed versions of the export stack (None: not installed).
+
+    Read from the ``NAME-VERSION.dist-info`` folder names on ``sys.path``, as
+    importlib.metadata finds them, without importing importlib.metadata (≈0.1 s, paid by
+    every load of the default model, which checks this).
+    """
+    wanted = {_normalise(name): name for name in EXPORT_TOOLS}
+    versions: dict[str, str | None] = dict.fromkeys(EXPORT_TOOLS)
+    for entry in sys.path:
         try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for folder in names:
+            match = _DIST_INFO.match(folder)
+            if match is None:
+                continue
+            name = wanted.get(_normalise(match.group(1)))
+            if name is not None and versions[name] is None:
+                versions[name] = match.group(2)
     return versions
+
+
+_DIST_INFO = re.compile(r"^(.+?)-([^-]+)\.dist-info$")
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def write_manifest(

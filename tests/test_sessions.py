@@ -1,0 +1,227 @@
+"""What a request leaves behind: ``error.partial`` when a component fails mid-batch, the
+onnxruntime session options that ``threads``/``spinning`` set, and chat sessions that
+keep their cache over several turns yet answer exactly like a fresh ``chat()``."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import ortgen
+from ortgen import hookimpl
+
+PROMPTS = [[5, 17, 42, 99, 3, 64], [7, 8], [200, 13, 55, 1, 9, 9, 9, 31, 77]]
+FAIL_AT = 6  # the failing processor raises when asked for the 7th token (step 6)
+
+
+class FailAtStep:
+    """Passes the scores through, then raises at decoding step ``step``."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.calls = 0
+
+    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        if self.calls == self.step:
+            raise RuntimeError(f"boom at call {self.calls}")
+        self.calls += 1
+        return scores.copy()
+
+
+class FailingPlugin:
+    @hookimpl
+    def register_logits_processors(self, register):
+        register("fail_at_step", FailAtStep)
+
+
+@pytest.fixture(scope="module")
+def gen(tiny_model_dirs):
+    return ortgen.load(tiny_model_dirs["llama"][1], threads=1, plugins=[FailingPlugin()])
+
+
+@pytest.fixture(scope="module")
+def eos(gen) -> int:
+    """A token row 1 reaches at step 3 (before the failure) and the other rows do not
+    reach before the failure, so the batch is mixed when the processor raises."""
+    free = gen.generate(PROMPTS, max_new_tokens=12, eos_token_id=None).tokens
+    for step in range(3):
+        candidate = free[1][step]
+        if all(candidate not in free[r][: FAIL_AT + 1] for r in (0, 2)):
+            return candidate
+    pytest.fail(f"no usable EOS in this tiny model's output: {free}")
+
+
+def test_partial_output_of_a_batch_with_finished_rows(gen, eos):
+    settings = dict(max_new_tokens=12, eos_token_id=eos)
+    full = gen.generate(PROMPTS, **settings)
+    assert full.finish_reasons[1] == "eos" and len(full.tokens[1]) <= 3
+    spec = [{"name": "fail_at_step", "step": FAIL_AT}]
+    with pytest.raises(ortgen.ComponentError, match=f"'fail_at_step' failed at step {FAIL_AT}"):
+        gen.generate(PROMPTS, logits_processors=spec, **settings)
+    try:
+        gen.generate(PROMPTS, logits_processors=spec, **settings)
+    except ortgen.ComponentError as exc:
+        error = exc
+    partial = error.partial
+    assert isinstance(partial, ortgen.GenerationOutput)
+    assert isinstance(error.__cause__, RuntimeError)
+    # the row that finished keeps its tokens (EOS included) and its reason
+    assert partial.tokens[1] == full.tokens[1] and partial.finish_reasons[1] == "eos"
+    # the others have exactly the tokens of the steps before the failure
+    for row in (0, 2):
+        assert partial.tokens[row] == full.tokens[row][:FAIL_AT], row
+        assert partial.finish_reasons[row] == "error"
+    # text and sequences agree with the tokens (left padding, then generated tokens)
+    width = max(map(len, PROMPTS))
+    assert partial.sequences.shape == (3, width + FAIL_AT)
+    for row, prompt in enumerate(PROMPTS):
+        assert partial.sequences[row, width - len(prompt) : width].tolist() == prompt
+        generated = partial.sequences[row, width:].tolist()
+        assert generated[: len(partial.tokens[row])] == partial.tokens[row]
+    assert partial.text is None  # this model folder has no tokenizer
+
+
+def test_generator_stays_usable_after_a_failure(gen, eos):
+    settings = dict(max_new_tokens=12, eos_token_id=eos)
+    before = gen.generate(PROMPTS, **settings)
+    with pytest.raises(ortgen.ComponentError):
+        gen.generate(PROMPTS, logits_processors=[{"name": "fail_at_step", "step": 2}], **settings)
+    after = gen.generate(PROMPTS, **settings)
+    assert after.tokens == before.tokens and after.finish_reasons == before.finish_reasons
+
+
+def test_failure_at_the_first_step_has_empty_rows(gen):
+    spec = [{"name": "fail_at_step", "step": 0}]
+    with pytest.raises(ortgen.ComponentError, match="at step 0") as info:
+        gen.generate(PROMPTS, logits_processors=spec, max_new_tokens=5, eos_token_id=None)
+    partial = info.value.partial
+    assert partial.tokens == [[], [], []]
+    assert partial.finish_reasons == ["error"] * 3
+
+
+# --------------------------------------------------------------------------- session options
+
+
+def allow_spinning(gen) -> tuple[str, str]:
+    options = gen.model.session.get_session_options()
+    return (
+        options.get_session_config_entry("session.intra_op.allow_spinning"),
+        options.get_session_config_entry("session.inter_op.allow_spinning"),
+    )
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_threads_reach_the_session(tiny_model_dirs, threads):
+    gen = ortgen.load(tiny_model_dirs["llama"][1], threads=threads)
+    options = gen.model.session.get_session_options()
+    assert options.intra_op_num_threads == threads
+    assert options.inter_op_num_threads == 1
+    assert allow_spinning(gen) == ("0", "0")  # spinning off unless asked for
+
+
+def test_default_threads_are_the_usable_cores(tiny_model_dirs):
+    gen = ortgen.load(tiny_model_dirs["llama"][1])
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert gen.model.session.get_session_options().intra_op_num_threads == cores
+
+
+def test_spinning_reaches_the_session(tiny_model_dirs):
+    on = ortgen.load(tiny_model_dirs["llama"][1], threads=1, spinning=True)
+    off = ortgen.load(tiny_model_dirs["llama"][1], threads=1, spinning=False)
+    assert allow_spinning(on) == ("1", "1")
+    assert allow_spinning(off) == ("0", "0")
+    same = dict(max_new_tokens=6, eos_token_id=None)
+    assert on.generate(PROMPTS[0], **same).tokens == off.generate(PROMPTS[0], **same).tokens
+
+
+# --------------------------------------------------------------------------- chat sessions
+
+
+@pytest.mark.default_model
+def test_multi_turn_chat_session_equals_fresh_chats(reference_gen):
+    """Four turns; each answer equals a fresh chat() on the same history (greedy), and
+    from the second turn on the earlier turns are not fed again. On the default model's
+    weights at fp32: the quantised default variant's logits depend on how positions are
+    split between forwards (a cached turn vs a whole prompt), so it is not token-exact."""
+    settings = dict(max_new_tokens=12)
+    session = reference_gen.chat_session(
+        [{"role": "system", "content": "You are brief."}], **settings
+    )
+    questions = ["My name is Ana.", "What is 2 + 2?", "Name a colour.", "What is my name?"]
+    for turn, question in enumerate(questions):
+        held = session.state.length if session.state is not None else 0
+        answer = "".join(session.send(question))
+        history = session.messages[:-1]
+        assert history[-1] == {"role": "user", "content": question}
+        assert session.messages[-1] == {"role": "assistant", "content": answer}
+        fresh = reference_gen.chat(history, **settings)
+        assert answer == fresh.text, turn
+        assert session.state.generated(0) == fresh.tokens[0], turn
+        if turn == 0:
+            assert session.reused_tokens == 0
+        else:
+            assert session.reused_tokens == held > 0, turn  # everything held was reused
+    assert [m["role"] for m in session.messages] == ["system"] + ["user", "assistant"] * 4
+
+
+@pytest.mark.default_model
+def test_chat_session_settings_per_turn(reference_gen):
+    """Settings given to send() apply to that turn only, over the session's."""
+    session = reference_gen.chat_session(max_new_tokens=10)
+    first = "".join(session.send("Count from one to twenty.", max_new_tokens=3))
+    history = session.messages[:-1]
+    assert first == reference_gen.chat(history, max_new_tokens=3).text
+    second = "".join(session.send("Again, please."))
+    history = session.messages[:-1]
+    fresh = reference_gen.chat(history, max_new_tokens=10)
+    assert second == fresh.text
+    assert len(session.state.generated(0)) == len(fresh.tokens[0])
+
+
+# The same on tiny fp32 models, where the cache continuation must be exact: token ids
+# through next_turn() (every arch), and a text ChatSession whose answers re-tokenize to
+# the same ids (the character tokenizer's printable range only), so the cache is reused.
+
+
+def drive(state) -> list[int]:
+    while not state.is_done:
+        state.step()
+    return state.generated(0)
+
+
+def test_next_turn_over_five_turns_equals_fresh_generates(tiny_model_dirs, tiny_arch):
+    gen = ortgen.load(tiny_model_dirs[tiny_arch][1], threads=1)
+    settings = dict(max_new_tokens=5, eos_token_id=None)
+    turns = [[5, 17, 42, 99], [7, 8, 9], [200, 13, 55, 1], [33, 44], [66, 77, 88]]
+    state, prompt = None, []
+    for turn, new in enumerate(turns):
+        prompt = (state.sequences[0].tolist() if state is not None else []) + new
+        previous = state
+        state, _ = gen.next_turn(state, prompt, **settings)
+        assert (state is previous) == (turn > 0), "the cache was not carried over"
+        assert drive(state) == gen.generate(prompt, **settings).tokens[0], turn
+
+
+@pytest.fixture(scope="module")
+def text_gen(tmp_path_factory):
+    from tests.tiny_models import export_tiny
+
+    folder = export_tiny("llama", tmp_path_factory.mktemp("chat-tiny"), with_tokenizer=True)
+    return ortgen.load(folder, threads=1)
+
+
+def test_tiny_chat_session_reuses_the_cache_over_four_turns(text_gen):
+    printable = {text_gen.tokenizer.encode(c, add_special_tokens=False)[0] for c in "abcxyz .?"}
+    assert len(printable) == 9
+    # only printable characters (ids 4..98) may be generated: they re-tokenize as they were
+    banned = [[i] for i in (0, 1, 2, 3, *range(99, 256))]
+    settings = dict(max_new_tokens=3, eos_token_id=None, bad_words_ids=banned)
+    session = text_gen.chat_session(**settings)
+    for turn, question in enumerate(["Hi", "Why?", "Ok", "Go"]):
+        held = session.state.length if session.state is not None else 0
+        answer = "".join(session.send(question))
+        fresh = text_gen.chat(session.messages[:-1], **settings)
+        assert answer == fresh.text and len(answer) == 3, turn
+        assert session.reused_tokens == held and (held > 0) == (turn > 0), turn
