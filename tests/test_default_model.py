@@ -46,12 +46,12 @@ def test_fp32_fused_greedy_equals_transformers_on_the_same_weights(
 def test_the_default_variant_passes_the_quality_rule(default_gen, reference_gen):
     """The default model is a quantised variant: teacher-forced on the fixed evaluation
     text, its perplexity stays within 5% of the fp32 graph's (the rule that chose it)."""
-    from ortgen.export import DEFAULT_VARIANT
     from ortgen.export.manifest import read_manifest
+    from ortgen.export.variant import DEFAULT_MODEL_VARIANT
     from ortgen.quality import eval_ids, score_tokens
 
-    assert read_manifest(default_gen.path)["variant"] == DEFAULT_VARIANT.to_dict()
-    assert DEFAULT_VARIANT.precision != "fp32"
+    assert read_manifest(default_gen.path)["variant"] == DEFAULT_MODEL_VARIANT.to_dict()
+    assert DEFAULT_MODEL_VARIANT.precision != "fp32"
     ids = eval_ids(default_gen)
     assert len(ids) > 1900
     reference = score_tokens(reference_gen, ids)
@@ -67,12 +67,24 @@ def test_stream_equals_generate(default_gen):
     assert text == default_gen.generate(prompt, max_new_tokens=40).text
 
 
-def test_text_batch_rows_equal_single_prompts(default_gen):
+def test_text_batch_rows_equal_single_prompts(reference_gen):
+    """Exact at fp32. (A quantised graph at accuracy level 4 quantises activations per
+    forward, so a batch of 2 and a batch of 1 may part at a near-tie.)"""
     prompts = ["The capital of France is", "Once upon a time, in a land far away,"]
-    batch = default_gen.generate(prompts, max_new_tokens=12)
+    batch = reference_gen.generate(prompts, max_new_tokens=12)
     for row, prompt in enumerate(prompts):
-        assert batch.tokens[row] == default_gen.generate(prompt, max_new_tokens=12).tokens[0]
+        assert batch.tokens[row] == reference_gen.generate(prompt, max_new_tokens=12).tokens[0]
     assert isinstance(batch.text, list) and len(batch.text) == 2
+
+
+def test_default_model_batch_gives_each_prompt_a_sensible_answer(default_gen):
+    prompts = [
+        [{"role": "user", "content": "What is the capital of France?"}],
+        [{"role": "user", "content": "What is 2 + 2? Answer with the number."}],
+    ]
+    out = default_gen.generate([default_gen.chat_prompt(m) for m in prompts], max_new_tokens=32)
+    assert "Paris" in out.text[0]
+    assert "4" in out.text[1]
 
 
 def test_stop_strings_trim_text_and_stop_early(default_gen):
@@ -119,7 +131,9 @@ def test_generation_runs_without_torch_or_transformers(default_model_dir):
     assert result.stdout.strip() == "4 []"
 
 
-def test_chat_session_reuses_the_cache_and_answers_like_a_fresh_chat(default_gen):
+def test_chat_session_reuses_the_cache_and_answers_like_a_fresh_chat(reference_gen):
+    """Exact at fp32 (see test_text_batch_rows_equal_single_prompts)."""
+    default_gen = reference_gen
     session = default_gen.chat_session(max_new_tokens=24)
     first = "".join(session.send("My name is Ana. Say hello."))
     assert session.reused_tokens == 0

@@ -10,7 +10,11 @@ import pytest
 
 import ortgen
 from ortgen import ExportError
-from ortgen.export import DEFAULT_VARIANT, MANIFEST_NAME, default_model, is_complete_model_folder
+from ortgen.export import (
+    MANIFEST_NAME,
+    default_model,
+    is_complete_model_folder,
+)
 from ortgen.export.default_model import (
     DEFAULT_GGUF_SHA256,
     build_default_model,
@@ -18,6 +22,7 @@ from ortgen.export.default_model import (
     download_default_gguf,
 )
 from ortgen.export.manifest import MANIFEST_FORMAT, tool_versions
+from ortgen.export.variant import DEFAULT_MODEL_VARIANT
 from ortgen.paths import DEFAULT_MODEL_NAME
 
 
@@ -59,7 +64,7 @@ def _fake_default_model(models_dir: Path, **changes: object) -> Path:
     manifest = {
         "format": MANIFEST_FORMAT,
         "ortgen": ortgen.__version__,
-        "variant": DEFAULT_VARIANT.to_dict(),
+        "variant": DEFAULT_MODEL_VARIANT.to_dict(),
         "source_sha256": DEFAULT_GGUF_SHA256,
         "tools": tool_versions(),
         **changes,
@@ -85,7 +90,7 @@ def test_a_current_default_model_is_returned_at_once(tmp_path: Path) -> None:
         (
             {"variant": {"graph": "optimum", "precision": "fp32", "block_size": 32,
                          "accuracy_level": 4}},
-            f"variant optimum-fp32, the default is {DEFAULT_VARIANT.name}",
+            f"variant optimum-fp32, the default is {DEFAULT_MODEL_VARIANT.name}",
         ),
         ({"source_sha256": "0" * 64}, "source file's sha256 differs"),
         ({"tools": {**tool_versions(), "onnxruntime": "0.0.0"}}, "exported with onnxruntime 0.0.0"),
@@ -109,7 +114,7 @@ def test_an_outdated_default_model_is_rebuilt_and_says_why(
     messages: list[str] = []
     assert build_default_model(tmp_path, progress=messages.append) == folder
     assert built == [(tmp_path / ".cache" / "SmolLM2-135M-Instruct.Q4_1.gguf", folder,
-                      DEFAULT_VARIANT)]  # fmt: skip
+                      DEFAULT_MODEL_VARIANT)]  # fmt: skip
     assert messages[0].startswith(f"default model {folder} is out of date (")
     assert reason in messages[0] and messages[0].endswith("); rebuilding")
 

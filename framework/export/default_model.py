@@ -18,7 +18,7 @@ from ..paths import DEFAULT_MODEL_NAME
 from .exporter import Progress, export_model
 from .gguf import looks_like_gguf
 from .manifest import is_complete_model_folder, stale_reason
-from .variant import DEFAULT_VARIANT
+from .variant import DEFAULT_MODEL_VARIANT
 
 __all__ = [
     "DEFAULT_GGUF_SHA256",
@@ -57,7 +57,7 @@ def download_default_gguf(cache_dir: str | Path, *, progress: Progress = print) 
 def default_model_stale(folder: Path) -> str | None:
     """Why the default model folder is not what this ortgen builds (None: it is current)."""
     return stale_reason(
-        folder, variant=DEFAULT_VARIANT.to_dict(), source_sha256=DEFAULT_GGUF_SHA256
+        folder, variant=DEFAULT_MODEL_VARIANT.to_dict(), source_sha256=DEFAULT_GGUF_SHA256
     )
 
 
@@ -87,7 +87,7 @@ def build_default_model(
     gguf = download_default_gguf(cache, progress=progress)
     try:
         return export_model(
-            gguf, out, variant=DEFAULT_VARIANT, progress=progress, overwrite=out.exists()
+            gguf, out, variant=DEFAULT_MODEL_VARIANT, progress=progress, overwrite=out.exists()
         )
     except ExportError:
         if is_complete_model_folder(out) and default_model_stale(out) is None:
