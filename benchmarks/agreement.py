@@ -14,7 +14,7 @@ import argparse
 
 import numpy as np
 import torch
-from decode_speed import write_report
+from sweep import write_report
 from transformers import AutoModelForCausalLM
 
 import ortgen

@@ -87,6 +87,10 @@ def read_signature(session: ort.InferenceSession, path: Path) -> GraphSignature:
     first = inputs[past[0]]
     heads, head_dim = first.shape[1], first.shape[3]
     vocab = outputs["logits"].shape[-1]
+    if not isinstance(head_dim, int) or not isinstance(heads, int):  # onnxruntime-genai 0.18
+        decoder = _genai_decoder(path.parent)  # names them; its config has the numbers
+        heads = heads if isinstance(heads, int) else decoder.get("num_key_value_heads")
+        head_dim = head_dim if isinstance(head_dim, int) else decoder.get("head_size")
     if not all(isinstance(d, int) for d in (heads, head_dim, vocab)):
         raise ModelLoadError(
             f"{path}: KV heads, head size or vocabulary size are not fixed in the graph"
@@ -114,6 +118,14 @@ def read_signature(session: ort.InferenceSession, path: Path) -> GraphSignature:
         has_attention_mask="attention_mask" in inputs,
         kv_layout="shared" if shared else "concat",
     )
+
+
+def _genai_decoder(folder: Path) -> dict[str, Any]:
+    path = folder / GENAI_CONFIG
+    if not path.is_file():
+        return {}
+    decoder = _read_json(path).get("model", {}).get("decoder", {})
+    return decoder if isinstance(decoder, dict) else {}
 
 
 def _shares_kv_buffer(folder: Path) -> bool:
