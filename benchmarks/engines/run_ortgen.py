@@ -1,0 +1,106 @@
+"""ortgen on one exported model folder: through ``ortgen bench --json`` when it exists.
+
+Runs in the main venv. ``--mode cli`` replaces this process with ``ortgen bench --json
+--model DIR --threads T --prompt-ids FILE --new-tokens K --no-do-sample`` (exec, so the peak
+RSS and the timings are the bench command's own). Speed runs add ``--no-quality``: the
+quality pass (perplexity, and teacher-forced top-1 agreement with ``--reference``) is the
+same for every run, so compare.py asks for it once per model with ``--quality``; bench takes
+its peak RSS before that pass either way. Note bench's ``load_s`` starts at ``ortgen.load``
+(after ``import ortgen``), the other runners' before their engine's import.
+``--mode loop`` is the stand-in for before that command existed: it drives
+``ortgen.load(dir).start(ids, max_new_tokens=K, eos_token_id=None)`` and ``.step()``, timing
+the first step (prefill + first token) and the rest (decode). ``--mode auto`` (default)
+asks the CLI whether ``bench`` exists; compare.py asks once and passes the answer.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _common import START, emit, limit_threads, parse_args, read_prompt
+
+
+def ortgen_cli() -> Path:
+    """The ``ortgen`` console script of the interpreter running this file."""
+    return Path(sys.executable).parent / "ortgen"
+
+
+def has_bench() -> bool:
+    """True when this ortgen has the ``bench`` command (it is being written)."""
+    cli = ortgen_cli()
+    if not cli.exists():
+        return False
+    done = subprocess.run(
+        [str(cli), "bench", "--help"], capture_output=True, text=True, check=False
+    )
+    return done.returncode == 0 and "--prompt-ids" in done.stdout
+
+
+def split_own_options(argv: list[str]) -> tuple[dict, list[str]]:
+    """Take ``--mode M``, ``--quality`` and ``--reference DIR`` out before the shared parser
+    (which every runner uses and which knows nothing of them)."""
+    own: dict = {"mode": "auto", "quality": False, "reference": None}
+    rest: list[str] = []
+    items = iter(argv)
+    for item in items:
+        if item == "--mode":
+            own["mode"] = next(items)
+        elif item == "--reference":
+            own["reference"] = next(items)
+        elif item == "--quality":
+            own["quality"] = True
+        else:
+            rest.append(item)
+    return own, rest
+
+
+def main() -> None:
+    own, rest = split_own_options(sys.argv[1:])
+    sys.argv[1:] = rest
+    args = parse_args(__doc__.splitlines()[0])
+    limit_threads(args.threads)
+    mode = own["mode"]
+    if mode == "cli" or (mode == "auto" and has_bench()):
+        cli = str(ortgen_cli())
+        command = [
+            cli, "bench", "--json", "--model", args.model, "--threads", str(args.threads),
+            "--prompt-ids", args.prompt_ids, "--new-tokens", str(args.new_tokens),
+            "--no-do-sample",
+        ]  # fmt: skip
+        if own["quality"]:
+            if own["reference"]:
+                command += ["--reference", own["reference"]]
+        else:
+            command.append("--no-quality")
+        os.execv(cli, command)
+
+    prompt = read_prompt(args.prompt_ids)
+    import ortgen
+
+    gen = ortgen.load(args.model, threads=args.threads)
+    load_s = time.perf_counter() - START
+    state = gen.start(prompt, max_new_tokens=args.new_tokens, eos_token_id=None, do_sample=False)
+    start = time.perf_counter()
+    state.step()
+    prefill_s = time.perf_counter() - start
+    start = time.perf_counter()
+    while not state.is_done:
+        state.step()
+    decode_s = time.perf_counter() - start
+    emit(
+        args.engine or "ortgen",
+        prompt_tokens=len(prompt),
+        tokens=state.generated(0),
+        load_s=load_s,
+        prefill_s=prefill_s,
+        decode_s=decode_s,
+        mode="loop",
+    )
+
+
+if __name__ == "__main__":
+    main()
