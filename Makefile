@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test lint model default-model bench clean-models
+.PHONY: run test lint model default-model bench peers compare clean-models
 
 run: default-model
 	$(BIN)/ortgen chat "What is the capital of France?" --max-new-tokens 64
@@ -25,6 +25,14 @@ model: $(STAMP)
 
 bench: default-model
 	$(BIN)/ortgen bench
+
+# Side by side with llama.cpp and onnxruntime-genai: a separate venv for the peers
+# (never CI; llama-cpp-python builds from source, several minutes).
+peers: default-model
+	bash benchmarks/setup_peers.sh
+
+compare: peers
+	$(BIN)/python benchmarks/compare.py
 
 # The venv: everything from the project's own files. torch is pinned in the
 # `export` extra to the CPU wheel (any other spec may pull a multi-GB CUDA build).

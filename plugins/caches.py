@@ -87,13 +87,18 @@ class StaticCache:
         self._head_dim = signature.head_dim
         self._capacity = max(capacity or ctx.max_length, 1)
         self._length = 0
+        self._feeds: dict[str, Any] | None = None
+        self._feeds_of: list[Any] | None = None
         self._allocate(self._capacity)
 
     # -- the protocol ----------------------------------------------------------------
 
     def inputs(self) -> dict[str, Any]:
-        if self._shared:
-            return dict(zip(self._names, self._values, strict=True))
+        if self._shared:  # the same dict while the buffers stay: the model then skips binding
+            if self._feeds is None or self._feeds_of is not self._values:
+                self._feeds = dict(zip(self._names, self._values, strict=True))
+                self._feeds_of = self._values
+            return self._feeds
         return dict(zip(self._names, self._views(self._current, self._length), strict=True))
 
     def outputs(self, total: int) -> list[ort.OrtValue]:

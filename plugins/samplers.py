@@ -48,8 +48,9 @@ class GreedySampler:
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
         picked = np.argmax(scores, axis=-1)  # a NaN wins argmax, so it is caught below
-        best = np.take_along_axis(scores, picked[:, None], axis=-1)[:, 0]
-        _unusable_rows("greedy", best, allow_inf=True)
+        best = scores[np.arange(len(picked)), picked]
+        if not (best > -np.inf).all():  # NaN or all -inf; the common case costs one compare
+            _unusable_rows("greedy", best, allow_inf=True)
         return picked.astype(np.int64, copy=False)
 
 
