@@ -55,14 +55,21 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     settings["do_sample"] = args.do_sample
     settings = {k: v for k, v in settings.items() if v is not None}
     for item in args.settings:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise OrtgenError(f"--set takes KEY=VALUE, got {item!r}")
-        try:
-            settings[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            settings[key] = raw
+        key, value = _key_value(item, f"--set takes KEY=VALUE, got {item!r}")
+        settings[key] = value
     return settings
+
+
+def _key_value(item: str, error: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` with VALUE read as JSON when it parses (``0.9``, ``[1, 2]``, ``true``)
+    and as a plain string otherwise; ``error`` is raised for anything else."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise OrtgenError(error)
+    try:
+        return key, json.loads(raw)
+    except json.JSONDecodeError:
+        return key, raw
 
 
 def _load(args: argparse.Namespace):
@@ -181,13 +188,8 @@ def _cache_spec(text: str) -> dict[str, Any]:
     name, _, params = text.partition(":")
     spec: dict[str, Any] = {"name": name}
     for item in filter(None, params.split(",")):
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise OrtgenError(f"--cache takes NAME[:key=value,...], got {text!r}")
-        try:
-            spec[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            spec[key] = raw
+        key, value = _key_value(item, f"--cache takes NAME[:key=value,...], got {text!r}")
+        spec[key] = value
     return spec
 
 

@@ -115,3 +115,30 @@ class TimingStreamer:
     def split(self) -> tuple[float, float]:
         """(prefill_s, decode_s) from the recorded times."""
         return self.times[1] - self.times[0], self.times[-1] - self.times[1]
+
+
+def greedy_generate_and_emit(torch, model, prompt: list[int], args, engine: str, load_s: float):
+    """Both Hugging Face ``generate`` runners (optimum's ORT model, transformers' PyTorch
+    model): greedy, EOS ignored, timed by the streamer; ``torch`` is passed in so this
+    module stays stdlib-only."""
+    ids = torch.tensor([prompt])
+    streamer = TimingStreamer()
+    with torch.inference_mode():
+        model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=args.new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+            streamer=streamer,
+        )
+    prefill_s, decode_s = streamer.split()
+    emit(
+        args.engine or engine,
+        prompt_tokens=len(prompt),
+        tokens=streamer.tokens,
+        load_s=load_s,
+        prefill_s=prefill_s,
+        decode_s=decode_s,
+    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from _common import START, TimingStreamer, emit, limit_threads, parse_args, read_prompt
+from _common import START, greedy_generate_and_emit, limit_threads, parse_args, read_prompt
 
 
 def main() -> None:
@@ -26,27 +26,7 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     load_s = time.perf_counter() - START
 
-    ids = torch.tensor([prompt])
-    streamer = TimingStreamer()
-    with torch.inference_mode():
-        model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=args.new_tokens,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-            streamer=streamer,
-        )
-    prefill_s, decode_s = streamer.split()
-    emit(
-        args.engine or "transformers PyTorch fp32",
-        prompt_tokens=len(prompt),
-        tokens=streamer.tokens,
-        load_s=load_s,
-        prefill_s=prefill_s,
-        decode_s=decode_s,
-    )
+    greedy_generate_and_emit(torch, model, prompt, args, "transformers PyTorch fp32", load_s)
 
 
 if __name__ == "__main__":
