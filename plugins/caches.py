@@ -87,6 +87,7 @@ class StaticCache:
         self._head_dim = signature.head_dim
         self._capacity = max(capacity or ctx.max_length, 1)
         self._length = 0
+        self._pending = 0  # positions the forward being run will leave (set by outputs())
         self._feeds: dict[str, Any] | None = None
         self._feeds_of: list[Any] | None = None
         self._allocate(self._capacity)
