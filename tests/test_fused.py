@@ -198,3 +198,29 @@ def test_static_cache_reports_its_reserved_bytes(fused, tiny_model_dirs) -> None
         max_length = state.ids.shape[1]  # the capacity: the request's max_length
         # shared graphs hold one buffer per tensor; concat graphs two halves (ping-pong)
         assert state.chain.cache.nbytes == halves * len(PROMPTS) * max_length * per_position
+
+
+def test_a_builder_folder_with_a_symbolic_head_size_loads(fused, tmp_path: Path) -> None:
+    """onnxruntime-genai 0.18's builder names the head size ('kv_cache_dim') instead of
+    fixing it in the graph; its genai_config.json has the number, and ortgen reads it."""
+    import onnx
+
+    _arch, hf, gen = fused
+    folder = tmp_path / "genai018"
+    folder.mkdir()
+    model = onnx.load(str(gen.path / "model.onnx"), load_external_data=False)
+    for value in [*model.graph.input, *model.graph.output]:
+        if value.name.startswith(("past_key_values.", "present.")):
+            value.type.tensor_type.shape.dim[3].dim_param = "kv_cache_dim"
+    onnx.save(model, str(folder / "model.onnx"))
+    for name in ("model.onnx.data", "genai_config.json"):
+        shutil.copyfile(gen.path / name, folder / name)
+    other = ortgen.load(folder, threads=1)
+    assert other.model.signature.head_dim == gen.model.signature.head_dim
+    assert other.model.signature.num_kv_heads == gen.model.signature.num_kv_heads
+    out = other.generate(PROMPTS[0], max_new_tokens=NEW, eos_token_id=None)
+    assert out.tokens[0] == _hf_greedy(hf, PROMPTS[0])
+    (folder / "genai_config.json").unlink()  # nothing left to say what the head size is
+    shutil.copyfile(gen.path / "config.json", folder / "config.json")
+    with pytest.raises(ortgen.ModelLoadError, match="not fixed in the graph"):
+        ortgen.load(folder, threads=1)
