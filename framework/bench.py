@@ -174,14 +174,6 @@ def _ms(seconds: float) -> float:
 
 def _variant(folder: Path) -> str | None:
     from .export.manifest import read_manifest
+    from .export.variant import variant_name
 
-    manifest = read_manifest(folder) or {}
-    variant = manifest.get("variant")
-    if not isinstance(variant, dict):
-        return None
-    from .export.variant import Variant
-
-    try:
-        return Variant.from_dict(variant).name
-    except Exception:
-        return None
+    return variant_name((read_manifest(folder) or {}).get("variant"))

@@ -189,21 +189,22 @@ class Generation:
         row's length from its mask, so a padded row is fed only its real tokens; the
         cache exposes one row at a time. Returns each row's last logits, (B, 1, V).
         """
+        last = end == self.length  # only the last chunk's logits are used
         rows = []
         try:
             for row in range(self.batch_size):
                 pad = self.prompt_length - int(self._prompt_lengths[row])
                 first = max(start, pad)
-                if first >= end:  # this chunk is all padding for the row
-                    rows.append(None)
+                if first >= end:  # this chunk is all padding for the row (never the last)
                     continue
                 self._cache_call("select", row)
                 mask = np.ones((1, end - pad), dtype=np.int64)
                 logits = self._run(self.ids[row : row + 1, first:end], mask, None)
-                rows.append(logits[:, -1:].copy())
+                if last:
+                    rows.append(logits[:, -1:].copy())
         finally:
             self._cache_call("select", None)
-        if end < self.length:  # an intermediate chunk: its logits are not used
+        if not last:
             return np.empty((self.batch_size, 1, 0), dtype=np.float32)
         return np.concatenate(rows, axis=0)
 

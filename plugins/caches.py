@@ -88,17 +88,12 @@ class StaticCache:
         self._capacity = max(capacity or ctx.max_length, 1)
         self._length = 0
         self._pending = 0  # positions the forward being run will leave (set by outputs())
-        self._feeds: dict[str, Any] | None = None
-        self._feeds_of: list[Any] | None = None
         self._allocate(self._capacity)
 
     # -- the protocol ----------------------------------------------------------------
 
     def inputs(self) -> dict[str, Any]:
         if self._shared:  # the same dict while the buffers stay: the model then skips binding
-            if self._feeds is None or self._feeds_of is not self._values:
-                self._feeds = dict(zip(self._names, self._values, strict=True))
-                self._feeds_of = self._values
             return self._feeds
         return dict(zip(self._names, self._views(self._current, self._length), strict=True))
 
@@ -161,11 +156,11 @@ class StaticCache:
         if not self._shared:
             raise ValueError("row selection exists only for shared-buffer graphs")
         if row is None:
-            self._values = self._all_values
+            self._expose(self._all_values)
         else:
-            self._values = [
-                ort.OrtValue.ortvalue_from_numpy(b[row : row + 1]) for b in self._buffers
-            ]
+            self._expose(
+                [ort.OrtValue.ortvalue_from_numpy(b[row : row + 1]) for b in self._buffers]
+            )
 
     # -- memory --------------------------------------------------------------------
 
@@ -175,11 +170,16 @@ class StaticCache:
         if self._shared:
             self._buffers = [np.zeros(shape, self._dtype) for _ in self._names]
             self._all_values = [ort.OrtValue.ortvalue_from_numpy(b) for b in self._buffers]
-            self._values = self._all_values
+            self._expose(self._all_values)
         else:  # two flat halves per tensor; views of their prefix take any length
             size = int(np.prod(shape))
             self._flat = [[np.zeros(size, self._dtype) for _ in range(2)] for _ in self._names]
             self._current = 0
+
+    def _expose(self, values: list[ort.OrtValue]) -> None:
+        """Hand out ``values`` as past and present from now on (shared-buffer graphs)."""
+        self._values = values
+        self._feeds = dict(zip(self._names, values, strict=True))
 
     def _grow(self, needed: int) -> None:
         held = [self._array(i) for i in range(len(self._names))]

@@ -141,11 +141,6 @@ def stale_reason(
 
 
 def _label(variant: Any) -> str:
-    if not isinstance(variant, dict):
-        return "unknown"
-    from .variant import Variant
+    from .variant import variant_name
 
-    try:
-        return Variant.from_dict(variant).name
-    except Exception:
-        return json.dumps(variant, sort_keys=True)
+    return variant_name(variant) or json.dumps(variant, sort_keys=True)

@@ -77,6 +77,16 @@ class Variant:
         return cls(**{k: v for k, v in known.items() if v is not None})
 
 
+def variant_name(recorded: Any) -> str | None:
+    """The label of a variant as a manifest records it, or None if it is not a valid one."""
+    if not isinstance(recorded, dict):
+        return None
+    try:
+        return Variant.from_dict(recorded).name
+    except (ExportError, KeyError, TypeError):
+        return None
+
+
 #: What ``ortgen export`` builds without flags: any source, the fastest graph.
 DEFAULT_VARIANT = Variant()
 
