@@ -23,8 +23,7 @@ from .model import ExportedModel
 from .paths import default_model_dir
 from .plugin_manager import build_registry, make_plugin_manager
 from .protocols import GenerationContext
-from .row_text import RowText
-from .tokenizer import Tokenizer, load_tokenizer
+from .text import RowText, Tokenizer, load_tokenizer
 
 Prompt = str | Sequence[int] | np.ndarray
 Prompts = Prompt | Sequence[str] | Sequence[Sequence[int]]

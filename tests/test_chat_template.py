@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ortgen.errors import InputError, ModelLoadError
-from ortgen.tokenizer import Tokenizer
+from ortgen.text import Tokenizer
 from tests.text_fixtures import (
     MESSAGES,
     SYSTEM,

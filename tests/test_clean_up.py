@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ortgen.clean_up import StreamingCleanUp, clean_up_tokenization
+from ortgen.text.clean_up import StreamingCleanUp, clean_up_tokenization
 
 transformers = pytest.importorskip("transformers")
 

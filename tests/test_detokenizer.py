@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ortgen.detokenizer import IncrementalDetokenizer
 from ortgen.errors import InputError
-from ortgen.tokenizer import Tokenizer
+from ortgen.text import Tokenizer
+from ortgen.text.detokenizer import IncrementalDetokenizer
 from tests.text_fixtures import (
     FIXTURE_SETTINGS,
     TEXTS,

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ortgen.errors import InputError
-from ortgen.stop_strings import StopStringMatcher
+from ortgen.text.stop_strings import StopStringMatcher
 
 
 def test_stop_find():

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ortgen.errors import InputError
-from ortgen.tokenizer import Tokenizer
+from ortgen.text import Tokenizer
 from tests.text_fixtures import (
     FIXTURE_SETTINGS,
     MESSAGES,
@@ -123,8 +123,8 @@ def test_encode_rejects_non_str(pair):
 
 def test_import_does_not_pull_transformers_or_torch(chatml_dir: Path):
     code = (
-        "import sys; import ortgen.detokenizer, ortgen.stop_strings; "
-        "from ortgen.tokenizer import load_tokenizer; "
+        "import sys; import ortgen.text.detokenizer, ortgen.text.stop_strings; "
+        "from ortgen.text import load_tokenizer; "
         f"t = load_tokenizer({str(chatml_dir)!r}); "
         "t.apply_chat_template([{'role': 'user', 'content': 'hi'}]); t.decode(t.encode('hi')); "
         "bad = [m for m in ('transformers', 'torch') if m in sys.modules]; print(bad)"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ortgen.errors import InputError, ModelLoadError
-from ortgen.tokenizer import Tokenizer, load_tokenizer
+from ortgen.text import Tokenizer, load_tokenizer
 from tests.text_fixtures import (
     MESSAGES,
     SMOLLM2_TEMPLATE,

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from ortgen.detokenizer import IncrementalDetokenizer
-from ortgen.tokenizer import Tokenizer
+from ortgen.text import Tokenizer
+from ortgen.text.detokenizer import IncrementalDetokenizer
 
 transformers = pytest.importorskip("transformers")
 from tokenizers import Tokenizer as RustTokenizer  # noqa: E402

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from ..errors import InputError
 from .clean_up import StreamingCleanUp
-from .errors import InputError
 from .tokenizer import Tokenizer
 
 __all__ = ["IncrementalDetokenizer"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .errors import InputError
+from ..errors import InputError
 
 __all__ = ["StopStringMatcher"]
 

@@ -19,7 +19,7 @@ from typing import Any
 import tokenizers
 from tokenizers import AddedToken
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 
 __all__ = ["TOKENIZER_FILE", "TokenizerFolder", "read_tokenizer_folder", "token_id"]
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import tokenizers
 
+from ..errors import InputError, ModelLoadError
 from .chat_template import ChatTemplate
 from .clean_up import clean_up_tokenization
-from .errors import InputError, ModelLoadError
 from .tokenizer_folder import TOKENIZER_FILE, read_tokenizer_folder, token_id
 
 __all__ = ["Tokenizer", "load_tokenizer"]

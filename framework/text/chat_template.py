@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
-from .errors import InputError, ModelLoadError
+from ..errors import InputError, ModelLoadError
 
 __all__ = ["ChatTemplate"]
 
