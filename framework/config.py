@@ -9,7 +9,6 @@ what it is.
 from __future__ import annotations
 
 import dataclasses
-import json
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .jsonfile import read_json_object
 from .registry import did_you_mean
 
 LAYERS = ("defaults", "model config.json", "generation_config.json", "pipeline", "call")
@@ -162,7 +162,7 @@ class Resolved:
 def model_layers(folder: Path) -> list[tuple[str, dict[str, Any]]]:
     """The two model layers: token ids from ``config.json``, then ``generation_config.json``."""
     layers: list[tuple[str, dict[str, Any]]] = []
-    cfg = _read_json(folder / "config.json")
+    cfg = read_json_object(folder / "config.json", error=ConfigError, missing_ok=True)
     if not cfg and (folder / "genai_config.json").is_file():  # a builder folder from elsewhere
         from .model import read_model_config
 
@@ -173,21 +173,9 @@ def model_layers(folder: Path) -> list[tuple[str, dict[str, Any]]]:
         if cfg.get(k) is not None
     }
     layers.append(("model config.json", derived))
-    gen = _read_json(folder / "generation_config.json")
+    gen = read_json_object(folder / "generation_config.json", error=ConfigError, missing_ok=True)
     layers.append(("generation_config.json", gen))
     return layers
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold a JSON object, not {type(data).__name__}")
-    return data
 
 
 def resolve(layers: Iterable[tuple[str, Mapping[str, Any]]]) -> Resolved:

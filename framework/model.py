@@ -19,7 +19,6 @@ Two graph families share this one class, told apart by their KV layout:
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ import numpy as np
 import onnxruntime as ort
 
 from .errors import ModelLoadError
+from .jsonfile import read_json_object
 
 MODEL_FILE = "model.onnx"
 GENAI_CONFIG = "genai_config.json"
@@ -124,7 +124,7 @@ def _genai_decoder(folder: Path) -> dict[str, Any]:
     path = folder / GENAI_CONFIG
     if not path.is_file():
         return {}
-    decoder = _read_json(path).get("model", {}).get("decoder", {})
+    decoder = read_json_object(path, error=ModelLoadError).get("model", {}).get("decoder", {})
     return decoder if isinstance(decoder, dict) else {}
 
 
@@ -134,7 +134,7 @@ def _shares_kv_buffer(folder: Path) -> bool:
     path = folder / GENAI_CONFIG
     if not path.is_file():
         return False
-    search = _read_json(path).get("search", {})
+    search = read_json_object(path, error=ModelLoadError).get("search", {})
     return bool(isinstance(search, dict) and search.get("past_present_share_buffer"))
 
 
@@ -272,10 +272,10 @@ def read_model_config(folder: Path) -> dict[str, Any]:
     (no config.json), the facts ortgen needs taken from its ``genai_config.json``."""
     path = folder / "config.json"
     if path.is_file():
-        return _read_json(path)
+        return read_json_object(path, error=ModelLoadError)
     genai = folder / GENAI_CONFIG
     if genai.is_file():
-        model = _read_json(genai).get("model", {})
+        model = read_json_object(genai, error=ModelLoadError).get("model", {})
         derived = {k: model[k] for k in _GENAI_MODEL_KEYS if k in model}
         if "context_length" in model:
             derived["max_position_embeddings"] = model["context_length"]
@@ -283,16 +283,6 @@ def read_model_config(folder: Path) -> dict[str, Any]:
     raise ModelLoadError(
         f"model folder {folder} is incomplete: it has no config.json (nor {GENAI_CONFIG})"
     )
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ModelLoadError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ModelLoadError(f"{path} must hold a JSON object")
-    return data
 
 
 def _max_context(config: dict[str, Any]) -> int | None:

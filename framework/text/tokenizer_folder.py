@@ -20,6 +20,7 @@ import tokenizers
 from tokenizers import AddedToken
 
 from ..errors import ModelLoadError
+from ..jsonfile import read_json_object
 
 __all__ = ["TOKENIZER_FILE", "TokenizerFolder", "read_tokenizer_folder", "token_id"]
 
@@ -115,11 +116,11 @@ def read_tokenizer_folder(folder: Path) -> TokenizerFolder:
         raise ModelLoadError(f"cannot load {tok_file} with the tokenizers library: {exc}") from exc
 
     cfg_file = folder / TOKENIZER_CONFIG_FILE
-    cfg = _read_json(cfg_file) if cfg_file.is_file() else {}
+    cfg = read_json_object(cfg_file, error=ModelLoadError) if cfg_file.is_file() else {}
     stm_file = folder / SPECIAL_TOKENS_MAP_FILE
     if "added_tokens_decoder" not in cfg and stm_file.is_file():
         # transformers' legacy path: special_tokens_map.json overrides the config.
-        for key, value in _read_json(stm_file).items():
+        for key, value in read_json_object(stm_file, error=ModelLoadError).items():
             if key == "additional_special_tokens" and isinstance(value, list):
                 merged = list(cfg.get("additional_special_tokens") or [])
                 for item in value:
@@ -151,16 +152,6 @@ def token_id(backend: tokenizers.Tokenizer, token: str, unk_token: str | None) -
     """transformers' ``convert_tokens_to_ids``: unknown strings map to the unk id."""
     found = backend.token_to_id(token)
     return backend.token_to_id(unk_token) if found is None and unk_token else found
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"cannot read {path}: {exc}; it must be a JSON object") from exc
-    if not isinstance(data, dict):
-        raise ModelLoadError(f"{path} holds a JSON {type(data).__name__}; it must be an object")
-    return data
 
 
 def _as_added_token(value: Any) -> Any:
