@@ -26,8 +26,10 @@ def read_json_object(
         return {}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise error(f"cannot read {path}: {exc}; it must hold a JSON object") from exc
+    except json.JSONDecodeError as exc:
+        raise error(f"{path} is not valid JSON: {exc}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"cannot read {path}: {exc}") from exc
     if not isinstance(data, dict):
         raise error(f"{path} holds a JSON {type(data).__name__}; it must hold an object")
     return data
