@@ -23,7 +23,7 @@ from .model import ExportedModel
 from .paths import default_model_dir
 from .plugin_manager import build_registry, make_plugin_manager
 from .protocols import GenerationContext
-from .text import RowText, Tokenizer, load_tokenizer
+from .text import Tokenizer, load_tokenizer
 
 Prompt = str | Sequence[int] | np.ndarray
 Prompts = Prompt | Sequence[str] | Sequence[Sequence[int]]
@@ -103,22 +103,19 @@ class TextGenerator:
         single = single and config.num_return_sequences == 1  # then `text` is a str
         started = time.perf_counter()
         state = self._start(rows, config)
-        texts = self._row_texts(config, state.batch_size)
         stats: dict[str, float] = {"prompt_tokens": float(state.prompt_length)}
         try:
             while not state.is_done:
-                active = state.unfinished.copy()
-                next_ids = state.step()
+                state.step()
                 if state.steps == 1:
                     stats["prefill_s"] = time.perf_counter() - started
-                for row in np.flatnonzero(active) if texts else ():
-                    if texts[row].push(int(next_ids[row])):
-                        state.finish(int(row), "stop_string")
         except ComponentError as exc:
-            exc.partial = self._output(state, texts, single, stats)  # type: ignore[attr-defined]
+            for row in np.flatnonzero(state.unfinished).tolist():
+                state.finish(row, "error")  # keeps what the row produced, text included
+            exc.partial = self._output(state, single, stats)  # type: ignore[attr-defined]
             raise
         stats["total_s"] = time.perf_counter() - started
-        return self._output(state, texts, single, stats)
+        return self._output(state, single, stats)
 
     def stream(
         self, prompt: Prompt, *, pipeline: Mapping[str, Any] | None = None, **settings: Any
@@ -129,27 +126,23 @@ class TextGenerator:
         rows, single = self._encode(prompt)
         if not single or config.num_return_sequences != 1:
             raise InputError("stream() takes one prompt and num_return_sequences=1; use generate()")
-        return self.stream_state(self._start(rows, config), config)
+        return self.stream_state(self._start(rows, config))
 
-    def stream_state(self, state: Generation, config: config_mod.GenerationConfig) -> Iterator[str]:
-        """Drive a one-row ``state`` to its end, yielding text as it becomes safe to show."""
-        row = RowText(self._need_tokenizer("stream()"), config.stop_strings)
-        shown = 0
+    def stream_state(self, state: Generation) -> Iterator[str]:
+        """Drive a one-row ``state`` to its end, yielding its text as it becomes safe to show."""
+        self._need_tokenizer("stream()")
         while not state.is_done:
-            if row.push(int(state.step()[0])):
-                state.finish(0, "stop_string")
-                break
-            showable = row.showable()
-            if showable > shown:
-                yield row.text[shown:showable]
-                shown = showable
-        text = row.close()
-        if len(text) > shown:
-            yield text[shown:]
+            state.step()
+            piece = state.new_text(0)
+            if piece:
+                yield piece
+        piece = state.new_text(0)
+        if piece:
+            yield piece
 
     def next_turn(
         self, state: Generation | None, prompt: list[int], **settings: Any
-    ) -> tuple[Generation, config_mod.GenerationConfig]:
+    ) -> Generation:
         """A one-row request for ``prompt`` that reuses ``state``'s KV cache when it can.
 
         When the tokens already in ``state`` are a prefix of ``prompt`` (a conversation
@@ -161,13 +154,13 @@ class TextGenerator:
         self._check_ids(prompt, 0)
         held = state.sequences[0].tolist() if state is not None and state.batch_size == 1 else []
         if not held or len(prompt) <= len(held) or prompt[: len(held)] != held:
-            return self._start([prompt], config), config
+            return self._start([prompt], config)
         assert state is not None
         ctx = self._context([prompt], config)
         cache = (state.chain.cache_name, state.chain.cache)  # the conversation's keys/values
         state.reserve(ctx.max_length)
         state.append([prompt[len(held) :]], chain=build_chain(self.registry, ctx, cache=cache))
-        return state, config
+        return state
 
     def chat_session(self, messages: Sequence[Mapping[str, str]] = (), **settings: Any):
         """A conversation that keeps its KV cache between turns (see ``ChatSession``)."""
@@ -251,7 +244,12 @@ class TextGenerator:
         ctx = self._context(rows, config)
         chain = build_chain(self.registry, ctx)
         return Generation(
-            self.model, chain, rows, max_length=ctx.max_length, pad_token_id=ctx.pad_token_id
+            self.model,
+            chain,
+            rows,
+            max_length=ctx.max_length,
+            pad_token_id=ctx.pad_token_id,
+            tokenizer=self.tokenizer,
         )
 
     def _context(
@@ -286,23 +284,13 @@ class TextGenerator:
         context = self.model.max_context
         return min(max_length, context) if context else max_length
 
-    def _row_texts(self, config: config_mod.GenerationConfig, batch: int) -> list[RowText]:
-        """Per-row text watchers, needed only to stop on stop strings."""
-        if not config.stop_strings:
-            return []
-        tokenizer = self._need_tokenizer("stop_strings")
-        return [RowText(tokenizer, config.stop_strings) for _ in range(batch)]
-
     def _output(
-        self, state: Generation, rows: list[RowText], single: bool, stats: dict[str, float]
+        self, state: Generation, single: bool, stats: dict[str, float]
     ) -> GenerationOutput:
         tokens = [state.generated(r) for r in range(state.batch_size)]
-        if rows:
-            texts: list[str] | None = [row.close() for row in rows]
-        elif self.tokenizer is not None:
-            texts = [self.tokenizer.decode(t) for t in tokens]
-        else:
-            texts = None
+        texts = None
+        if self.tokenizer is not None:
+            texts = [state.text(r) for r in range(state.batch_size)]
         reasons = [r or "error" for r in state.finish_reasons]
         steps = state.steps
         if "prefill_s" in stats and steps > 1 and "total_s" in stats:

@@ -28,6 +28,8 @@ class Chain:
     stopping: list[tuple[str, StoppingCriterion]]
     cache: KVCache
     cache_name: str = "dynamic"
+    #: per-row text rule: a row stops once its text contains one of these (needs a tokenizer)
+    stop_strings: tuple[str, ...] = ()
 
 
 def processor_specs(config: GenerationConfig) -> list[Spec]:
@@ -111,4 +113,5 @@ def build_chain(
         stopping=[create("stopping_criterion", s) for s in stopping_specs(config, ctx.max_length)],
         cache=cache_backend,
         cache_name=cache_name,
+        stop_strings=tuple(config.stop_strings or ()),
     )

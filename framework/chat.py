@@ -40,13 +40,13 @@ class ChatSession:
         prompt = self.generator.chat_prompt(self.messages)
         previous = self.state
         held = previous.length if previous is not None else 0
-        self.state, config = self.generator.next_turn(
+        self.state = self.generator.next_turn(
             previous, prompt, **{**self.settings, **settings}
         )
         self.reused_tokens = held if self.state is previous else 0
         reply = ""
         try:
-            for piece in self.generator.stream_state(self.state, config):
+            for piece in self.generator.stream_state(self.state):
                 reply += piece
                 yield piece
         finally:

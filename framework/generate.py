@@ -1,10 +1,12 @@
 """The loop: prefill, then forward → processors → sampler → append → stopping, per step.
 
-``Generation`` is the step object under ``generate()`` and ``stream()``. It holds
-a preallocated token buffer and the KV cache, and feeds the model only what the
-cache has not seen yet: the whole prompt on the first step (prefill), one token
-per row after that, or a whole appended turn when a chat continues. No plugin
-code and no I/O live here; components arrive as plain callables in a ``Chain``.
+``Generation`` is the one step object under ``start()``, ``generate()``, ``stream()``
+and chat sessions. It holds a preallocated token buffer and the KV cache, and feeds the
+model only what the cache has not seen yet: the whole prompt on the first step (prefill),
+one token per row after that, or a whole appended turn when a chat continues. With a
+tokenizer it also keeps each row's text (:class:`~ortgen.text.RowText`) and applies the
+per-row text rule, stop strings, so every driver stops at the same place. No plugin code
+and no I/O live here; components arrive as plain callables in a ``Chain``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 from .chain import Chain
 from .errors import ComponentError, InputError
 from .model import ExportedModel
+from .text import RowText, Tokenizer
 
 #: Most positions fed to the model in one forward (see ``Generation._forward``).
 PREFILL_CHUNK = 256
@@ -32,9 +35,15 @@ class Generation:
         *,
         max_length: int,
         pad_token_id: int,
+        tokenizer: Tokenizer | None = None,
     ) -> None:
         if not prompts:
             raise InputError("no prompts given")
+        if chain.stop_strings and tokenizer is None:
+            raise InputError(
+                f"stop_strings need a tokenizer, and the model in {model.path} has none; "
+                "stop on token ids with eos_token_id or a stopping criterion instead"
+            )
         self.model = model
         self.chain = chain
         self.pad_token_id = pad_token_id
@@ -66,6 +75,9 @@ class Generation:
         self._finished_at: dict[int, int] = {}  # row -> buffer length when it finished
         self.steps = 0
         self.prefill_chunk = PREFILL_CHUNK
+        self.tokenizer = tokenizer
+        self._texts: list[RowText] = []
+        self._new_texts()
 
     @property
     def batch_size(self) -> int:
@@ -87,6 +99,17 @@ class Generation:
             tokens = tokens[: self._finished_at[row] - self.prompt_length]
         return tokens.tolist()
 
+    def text(self, row: int = 0) -> str:
+        """The text generated for ``row`` in this turn, cut before a stop string; the
+        final text once the row finished. Needs a tokenizer."""
+        return self._row_text(row).text
+
+    def new_text(self, row: int = 0) -> str:
+        """Text of ``row`` that became safe to show since the last call (for streaming):
+        what may be the start of a stop string is held back until it is known not to be,
+        and a finished row releases the rest. Needs a tokenizer."""
+        return self._row_text(row).take()
+
     def step(self) -> np.ndarray:
         """Pick one token per row; returns them (pad for rows already finished)."""
         if self.is_done:
@@ -102,9 +125,13 @@ class Generation:
         sampler_name, sampler = self.chain.sampler
         next_ids = self._call("sampler", sampler_name, sampler, input_ids, scores)
         next_ids = _check_ids(sampler_name, next_ids, self.batch_size, scores.shape[1], self.steps)
-        next_ids = np.where(self.unfinished, next_ids, self.pad_token_id)
+        active = self.unfinished.copy()
+        next_ids = np.where(active, next_ids, self.pad_token_id)
         self._append_column(next_ids)
+        stopped = self._push_text(next_ids, active)
         self._stop(scores)
+        for row in stopped:  # after the criteria: an EOS in the same step keeps its reason
+            self.finish(row, "stop_string")
         self.steps += 1
         return next_ids
 
@@ -114,6 +141,8 @@ class Generation:
             self.unfinished[row] = False
             self.finish_reasons[row] = reason
             self._finished_at[row] = self.length
+            if self._texts:
+                self._texts[row].close()
 
     def append(self, tokens: Sequence[Sequence[int]], *, chain: Chain | None = None) -> None:
         """Add tokens to every row and reopen the rows; they are fed on the next step.
@@ -260,6 +289,38 @@ class Generation:
         self.unfinished[:] = True
         self.finish_reasons = [None] * self.batch_size
         self._finished_at.clear()
+        self._new_texts()
+
+    # -- text --------------------------------------------------------------------
+
+    def _new_texts(self) -> None:
+        """One text per row for this turn; tokens it already generated (kept by a rewind
+        or an appended continuation) count as shown text."""
+        if self.tokenizer is None:
+            return
+        stops = self.chain.stop_strings
+        self._texts = [
+            RowText(self.tokenizer, stops, history=self.generated(row))
+            for row in range(self.batch_size)
+        ]
+
+    def _push_text(self, next_ids: np.ndarray, active: np.ndarray) -> list[int]:
+        """Feed each running row's new token to its text; the rows a stop string ended."""
+        if not self._texts:
+            return []
+        stopped = []
+        for row in np.flatnonzero(active).tolist():
+            if self._texts[row].push(int(next_ids[row])):
+                stopped.append(row)
+        return stopped
+
+    def _row_text(self, row: int) -> RowText:
+        if not self._texts:
+            raise InputError(
+                f"the model in {self.model.path} has no tokenizer, so there is no text; "
+                "read the token ids with generated(row)"
+            )
+        return self._texts[row]
 
     def reserve(self, needed: int) -> None:
         """Make the buffers hold at least ``needed`` tokens per row (grows by doubling)."""

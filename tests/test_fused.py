@@ -115,7 +115,7 @@ def test_fused_chat_continuation_grows_the_static_cache(fused) -> None:
     capacity_before = first.chain.cache.nbytes
     held = first.sequences[0].tolist()
     follow_up = [*held, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49]
-    state, _config = gen.next_turn(first, follow_up, max_new_tokens=8, eos_token_id=None)
+    state = gen.next_turn(first, follow_up, max_new_tokens=8, eos_token_id=None)
     assert state is first  # the cache was reused
     while not state.is_done:
         state.step()

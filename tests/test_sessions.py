@@ -199,7 +199,7 @@ def test_next_turn_over_five_turns_equals_fresh_generates(tiny_model_dirs, tiny_
     for turn, new in enumerate(turns):
         prompt = (state.sequences[0].tolist() if state is not None else []) + new
         previous = state
-        state, _ = gen.next_turn(state, prompt, **settings)
+        state = gen.next_turn(state, prompt, **settings)
         assert (state is previous) == (turn > 0), "the cache was not carried over"
         assert drive(state) == gen.generate(prompt, **settings).tokens[0], turn
 
