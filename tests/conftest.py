@@ -37,6 +37,26 @@ def tiny_arch(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
+@pytest.fixture(scope="module")
+def models(tiny_model_dirs, tiny_arch):
+    """(transformers model, ortgen generator) on the same tiny random weights, per arch."""
+    from transformers import AutoModelForCausalLM
+
+    import ortgen
+
+    hf_dir, onnx_dir = tiny_model_dirs[tiny_arch]
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    return hf, ortgen.load(onnx_dir, threads=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_gen(tiny_model_dirs):
+    """The tiny Llama (no tokenizer), loaded once for tests that only need a generator."""
+    import ortgen
+
+    return ortgen.load(tiny_model_dirs["llama"][1], threads=1)
+
+
 @pytest.fixture(scope="session")
 def backbone_dir(tiny_root: Path) -> Path:
     return export_backbone(tiny_root)

@@ -159,13 +159,6 @@ def test_built_chain_transforms_scores_like_hugging_face(hf_llama, settings):
 # --------------------------------------------------------------------------- tokens: tiny models
 
 
-@pytest.fixture(scope="module")
-def models(tiny_model_dirs, tiny_arch):
-    hf_dir, onnx_dir = tiny_model_dirs[tiny_arch]
-    hf = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
-    return hf, ortgen.load(onnx_dir, threads=1)
-
-
 def hf_generate(hf, prompts: list[list[int]], **settings) -> np.ndarray:
     """transformers' greedy generate on the left-padded batch: (B, T) sequences."""
     width = max(map(len, prompts))

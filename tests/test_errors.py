@@ -12,8 +12,8 @@ from ortgen.cli import main
 
 
 @pytest.fixture(scope="module")
-def gen(tiny_model_dirs):
-    return ortgen.load(tiny_model_dirs["llama"][1], threads=1)
+def gen(tiny_llama_gen):
+    return tiny_llama_gen
 
 
 def test_backbone_is_refused(backbone_dir):

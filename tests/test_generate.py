@@ -5,19 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
-import ortgen
 from tests.tiny_models import PAD_ID
 
 PROMPTS = [[5, 17, 42, 99, 3, 64], [7, 8], [200, 13, 55, 1, 9, 9, 9, 31, 77]]
-
-
-@pytest.fixture(scope="module")
-def models(tiny_model_dirs, tiny_arch):
-    hf_dir, onnx_dir = tiny_model_dirs[tiny_arch]
-    hf = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
-    return hf, ortgen.load(onnx_dir, threads=1)
 
 
 def hf_greedy(hf, prompt: list[int], max_new_tokens: int, eos: int | None) -> list[int]:

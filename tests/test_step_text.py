@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-import ortgen
 from ortgen.errors import InputError
 
 COUNTING = "1, 2, 3, 4, 5, 6,"
@@ -71,9 +70,8 @@ def test_chat_session_stops_on_stop_strings(default_gen):
     assert session.messages[-1] == {"role": "assistant", "content": reply}
 
 
-def test_stop_strings_without_a_tokenizer_are_refused(tiny_model_dirs):
-    _, onnx_dir = tiny_model_dirs["llama"]
-    gen = ortgen.load(onnx_dir, threads=1)
+def test_stop_strings_without_a_tokenizer_are_refused(tiny_llama_gen):
+    gen = tiny_llama_gen
     assert gen.tokenizer is None
     with pytest.raises(InputError, match="stop_strings need a tokenizer"):
         gen.start([5, 6, 7], max_new_tokens=2, stop_strings=["x"])
