@@ -1,8 +1,10 @@
 """ortgen.tokenizer against transformers on the same tokenizer folder: encode, decode,
-special tokens; and what importing it pulls in."""
+special tokens, each way a folder can be read (exported by ortgen, resolved by
+transformers, best-effort); and what importing and loading pull in."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,10 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ortgen.errors import InputError
+from ortgen.errors import InputError, ModelLoadError
 from ortgen.text import Tokenizer
 from tests.text_fixtures import (
     FIXTURE_SETTINGS,
+    LOADERS,
     MESSAGES,
     SMOLLM2_TEMPLATE,
     SYSTEM,
@@ -33,9 +36,17 @@ from tests.text_fixtures import (
 __all__ = ["backend", "chatml_dir", "cleanup_pair", "pair", "root"]
 
 
+@pytest.fixture(scope="module", params=list(LOADERS))
+def any_pair(request: pytest.FixtureRequest, chatml_dir: Path):
+    """The ChatML folder as save_pretrained wrote it, read each way ortgen can, and
+    transformers' AutoTokenizer on the same folder."""
+    source = chatml_dir.with_name("chatml-source")
+    return LOADERS[request.param](source), auto(source)
+
+
 @pytest.mark.parametrize("text", TEXTS)
-def test_encode_decode_equal_transformers(pair, text: str):
-    tok, hf = pair
+def test_encode_decode_equal_transformers(any_pair, text: str):
+    tok, hf = any_pair
     ids = tok.encode(text)
     assert ids == hf(text)["input_ids"]
     assert (
@@ -47,14 +58,14 @@ def test_encode_decode_equal_transformers(pair, text: str):
     assert tok.decode(ids) == hf.decode(ids, skip_special_tokens=True)
 
 
-def test_encode_batch(pair):
-    tok, hf = pair
+def test_encode_batch(any_pair):
+    tok, hf = any_pair
     assert tok.encode_batch(TEXTS) == hf(TEXTS)["input_ids"]
     assert tok.encode_batch([]) == []
 
 
-def test_special_tokens_equal_transformers(pair):
-    tok, hf = pair
+def test_special_tokens_equal_transformers(any_pair):
+    tok, hf = any_pair
     assert tok.special_tokens_map == hf.special_tokens_map
     assert tok.bos_token == "<|im_start|>" and tok.eos_token == "<|im_end|>"
     assert tok.pad_token == "<|endoftext|>"
@@ -87,11 +98,12 @@ def test_decode_clean_up_tokenization_spaces(cleanup_pair):
 
 @given(st.text(alphabet=st.characters(codec="utf-8"), max_size=80))
 @settings(FIXTURE_SETTINGS, max_examples=150)
-def test_encode_decode_random_text_equal_transformers(pair, text: str):
-    tok, hf = pair
+def test_encode_decode_random_text_equal_transformers(any_pair, text: str):
+    tok, hf = any_pair
     ids = tok.encode(text)
     assert ids == hf(text)["input_ids"]
-    assert tok.decode(ids) == hf.decode(ids, skip_special_tokens=True) == text
+    assert tok.decode(ids) == hf.decode(ids, skip_special_tokens=True)
+    assert tok.decode(ids, skip_special_tokens=False) == hf.decode(ids) == text
 
 
 def test_decode_accepts_any_int_sequence(pair):
@@ -133,10 +145,43 @@ def test_import_does_not_pull_transformers_or_torch(chatml_dir: Path):
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.parametrize(
+    ("fallback", "imported"), [(None, "['transformers']"), ("best-effort", "[]")]
+)
+def test_foreign_folder_imports_transformers_unless_told_not_to(
+    chatml_dir: Path, fallback: str | None, imported: str
+):
+    """Only a folder ortgen did not export makes the loader import transformers, and
+    ORTGEN_TOKENIZER_FALLBACK=best-effort prevents even that (with a warning)."""
+    env = {k: v for k, v in os.environ.items() if k != "ORTGEN_TOKENIZER_FALLBACK"}
+    if fallback is not None:
+        env["ORTGEN_TOKENIZER_FALLBACK"] = fallback
+    code = (
+        "import sys, warnings; from ortgen.text import load_tokenizer; "
+        "warnings.simplefilter('ignore'); "
+        f"t = load_tokenizer({str(chatml_dir.with_name('chatml-source'))!r}); t.encode('hi'); "
+        "print([m for m in ('transformers',) if m in sys.modules])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    assert out.stdout.strip() == imported
+
+
+def test_unknown_fallback_setting_is_an_error(chatml_dir: Path, monkeypatch):
+    monkeypatch.setenv("ORTGEN_TOKENIZER_FALLBACK", "guess")
+    with pytest.raises(ModelLoadError, match="ORTGEN_TOKENIZER_FALLBACK='guess'"):
+        Tokenizer.from_folder(chatml_dir.with_name("chatml-source"))
+    assert Tokenizer.from_folder(chatml_dir).vocab_size  # an exported folder never asks
+
+
 @pytest.mark.default_model
 def test_default_model_tokenizer_equals_transformers(default_model_dir: Path):
     tok, hf = Tokenizer.from_folder(default_model_dir), auto(default_model_dir)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+    for name in (
+        "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+        "ortgen_tokenizer.json",
+    ):  # fmt: skip
         assert (default_model_dir / name).is_file()
     text = "Hello, world!\nÜber 東京 🙂"
     ids = tok.encode(text)

@@ -1,16 +1,24 @@
 """Shared material for the tests of the tokenizer, chat template and detokenizer modules.
 
 The tokenizer folders are built here: a small byte-level BPE trained with ``tokenizers``
-and saved with transformers' ``save_pretrained`` (the way exported models carry their
-tokenizer), so ortgen can be compared with transformers on the same folder. Test modules
-import the fixtures by name: pytest finds fixtures among a test module's names.
+and saved with transformers' ``save_pretrained`` (a "foreign" folder, as optimum or a user
+writes it), then saved again the way ortgen's export does (:func:`export_folder`: plus
+``ortgen_tokenizer.json``), so ortgen can be compared with transformers on the same
+folder. ``LOADERS`` reads a foreign folder each way ortgen can: exported first, through
+transformers' AutoTokenizer, or best-effort. Test modules import the fixtures by name:
+pytest finds fixtures among a test module's names.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
+import warnings
+from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -120,6 +128,51 @@ def auto(folder: Path):
     return transformers.AutoTokenizer.from_pretrained(str(folder))
 
 
+def export_folder(source: Path, dest: Path) -> Path:
+    """Save ``source``'s tokenizer to ``dest`` with the function ortgen's export uses."""
+    from ortgen.export.exporter import save_tokenizer
+
+    assert save_tokenizer(source, dest, progress=lambda _msg: None)
+    return dest
+
+
+def load_exported(folder: Path) -> Tokenizer:
+    """An ortgen-exported copy of the foreign ``folder``, loaded (no transformers involved)."""
+    out = folder.with_name(folder.name + "-ortgen")
+    shutil.rmtree(out, ignore_errors=True)  # tests re-export edited folders
+    out = export_folder(folder, out)
+    assert (out / "ortgen_tokenizer.json").is_file()
+    return Tokenizer.from_folder(out)
+
+
+def load_via_transformers(folder: Path) -> Tokenizer:
+    """The foreign ``folder`` loaded the default way: transformers resolves it, no warning."""
+    assert not (folder / "ortgen_tokenizer.json").exists()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return Tokenizer.from_folder(folder)
+
+
+def load_best_effort(folder: Path) -> Tokenizer:
+    """The foreign ``folder`` read without transformers: it must warn that ids may differ."""
+    from ortgen.text.tokenizer_folder import FALLBACK_ENV
+
+    with (
+        mock.patch.dict(os.environ, {FALLBACK_ENV: "best-effort"}),
+        pytest.warns(UserWarning, match="read best-effort") as caught,
+    ):
+        tok = Tokenizer.from_folder(folder)
+    assert "Token ids may differ" in str(caught[0].message)
+    return tok
+
+
+LOADERS: dict[str, Callable[[Path], Tokenizer]] = {
+    "exported": load_exported,
+    "transformers": load_via_transformers,
+    "best-effort": load_best_effort,
+}
+
+
 @pytest.fixture(scope="module")
 def backend() -> RustTokenizer:
     return train_backend()
@@ -132,7 +185,8 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def chatml_dir(root: Path, backend: RustTokenizer) -> Path:
-    return save_folder(root / "chatml", backend)
+    """The ChatML tokenizer as ortgen's export writes it (read without transformers)."""
+    return export_folder(save_folder(root / "chatml-source", backend), root / "chatml")
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +196,8 @@ def pair(chatml_dir: Path):
 
 @pytest.fixture(scope="module")
 def cleanup_pair(root: Path, backend: RustTokenizer):
-    folder = save_folder(root / "cleanup", backend, clean_up_tokenization_spaces=True)
+    source = save_folder(root / "cleanup-source", backend, clean_up_tokenization_spaces=True)
+    folder = export_folder(source, root / "cleanup")
     return Tokenizer.from_folder(folder), auto(folder)
 
 

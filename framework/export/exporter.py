@@ -13,6 +13,8 @@ Output folder layout (written by ``export_model``)::
     config.json, generation_config.json
     tokenizer.json, tokenizer_config.json, special_tokens_map.json   if the source has one
     chat_template.jinja   if the tokenizer has a chat template
+    ortgen_tokenizer.json the tokenizer as transformers resolved it (with tokenizer.json:
+                          all ortgen reads, without transformers, at run time)
     ortgen_manifest.json  written last: its presence marks a finished export
 
 The folder is built in a hidden sibling and renamed into place at the very end, so an
@@ -27,6 +29,7 @@ import shutil
 import sys
 import tempfile
 import uuid
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,14 +39,8 @@ from .manifest import TASK, is_complete_model_folder, write_manifest
 from .quiet import quiet
 from .variant import DEFAULT_VARIANT, Variant
 
-__all__ = ["Progress", "export_model", "print_progress"]
+__all__ = ["Progress", "export_model", "print_progress", "save_tokenizer"]
 
-_TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-)
 _TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 _WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin", "model*.bin")
 _EXPECTED_SOURCE = "expected a Hugging Face model folder (config.json + weights) or a .gguf file"
@@ -109,14 +106,14 @@ def export_model(
                 hf_dir, built, variant, source=source, gguf=source if kind == "gguf" else None
             )
             _copy_model_files(hf_dir, built)
-            _save_tokenizer(hf_dir, built)
         else:
             _run_optimum_export(hf_dir, built, source)
             if variant.quantized:
                 from .quantize import quantize_matmuls
 
                 quantize_matmuls(built / "model.onnx", variant, source=source)
-        _ensure_tokenizer(hf_dir, built, source, progress)
+        # After optimum, which saves the tokenizer its own way: ours replaces it.
+        save_tokenizer(hf_dir, built, source=source, progress=progress)
         _check_loads(built, source)
         write_manifest(built, source=source, source_sha256=source_sha256, variant=variant.to_dict())
         _move_into_place(built, out, overwrite, staging)
@@ -250,21 +247,6 @@ def _run_optimum_export(hf_dir: Path, dest: Path, source: Path) -> None:
         raise ExportError(f"export of {source} produced no model.onnx (files: {found})")
 
 
-def _ensure_tokenizer(hf_dir: Path, built: Path, source: Path, progress: Progress) -> None:
-    """Make sure a source tokenizer reached the output as tokenizer.json.
-
-    optimum re-saves the tokenizer by loading it with AutoTokenizer and swallows any
-    error; ortgen reads tokenizer.json with the `tokenizers` library, so say so if it
-    is missing rather than shipping a folder that silently has no tokenizer.
-    """
-    has_tokenizer = any((hf_dir / name).is_file() for name in _TOKENIZER_MARKERS)
-    if has_tokenizer and not (built / "tokenizer.json").is_file():
-        progress(
-            f"warning: {source} has tokenizer files but no fast tokenizer (tokenizer.json) "
-            "could be saved; the model will only generate from token ids"
-        )
-
-
 def _check_loads(built: Path, source: Path) -> None:
     """Load the new folder as ortgen will (onnxruntime session + graph signature), so a
     graph onnxruntime rejects never gets a manifest, i.e. never looks finished."""
@@ -284,25 +266,61 @@ def _copy_model_files(hf_dir: Path, built: Path) -> None:
             shutil.copyfile(hf_dir / name, built / name)
 
 
-def _save_tokenizer(hf_dir: Path, built: Path) -> None:
-    """Save the source tokenizer as a fast tokenizer (tokenizer.json), as optimum does.
+def save_tokenizer(
+    hf_dir: Path, built: Path, *, source: Path | None = None, progress: Progress = print
+) -> bool:
+    """Save the tokenizer of ``hf_dir`` into ``built`` exactly as transformers resolves it.
 
-    Loading it with transformers' AutoTokenizer and saving it resolves the folder's
-    tokenizer classes and special tokens once, at export, with the real library.
+    AutoTokenizer loads it (tokenizer class, special tokens, post-processor,
+    ``add_prefix_space``: transformers' own rules, applied once, here) and
+    :func:`~ortgen.text.resolved_tokenizer.save_resolved_tokenizer` writes transformers'
+    files plus ``ortgen_tokenizer.json`` and checks that ortgen reads them back with the
+    same results, so the run time needs neither transformers nor a copy of its rules.
+    A source without tokenizer files gives no tokenizer (the model generates from ids).
+    One transformers cannot load, or can load only as a slow tokenizer, gets a clear
+    warning and no tokenizer files at all (none that would give different ids); a saved
+    tokenizer that ortgen would read differently fails the export. Returns whether a
+    tokenizer was saved.
     """
+    from ..text.resolved_tokenizer import save_resolved_tokenizer
+
+    source = source or hf_dir
     if not any((hf_dir / name).is_file() for name in _TOKENIZER_MARKERS):
-        return
+        return False
     try:
         with quiet():
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(str(hf_dir), local_files_only=True)
-            tokenizer.save_pretrained(str(built))
-    except Exception:  # reported by _ensure_tokenizer as a missing tokenizer.json
-        return
-    for name in _TOKENIZER_FILES:
-        if not (built / name).is_file() and (hf_dir / name).is_file():
-            shutil.copyfile(hf_dir / name, built / name)
+    except Exception as exc:
+        problem = f"transformers cannot load it ({type(exc).__name__}: {exc})"
+        _no_tokenizer(built, source, problem, progress)
+        return False
+    if not getattr(tokenizer, "is_fast", False):
+        problem = (
+            f"transformers loads it only as a slow {type(tokenizer).__name__} (no fast "
+            "conversion: is sentencepiece or tiktoken missing?)"
+        )
+        _no_tokenizer(built, source, problem, progress)
+        return False
+    try:
+        with quiet():
+            save_resolved_tokenizer(tokenizer, built)
+    except ExportError as exc:
+        raise ExportError(f"export of {source}: {exc}") from exc
+    return True
+
+
+def _no_tokenizer(built: Path, source: Path, problem: str, progress: Progress) -> None:
+    """Say loudly that the export has no tokenizer, and remove any tokenizer.json (optimum
+    may have written one) so nothing reads a tokenizer transformers would not build."""
+    (built / "tokenizer.json").unlink(missing_ok=True)
+    message = (
+        f"{source} has tokenizer files but {problem}; the export has no tokenizer.json, "
+        "so the model will only generate from token ids"
+    )
+    progress(f"warning: {message}")
+    warnings.warn(message, stacklevel=3)
 
 
 def _move_into_place(built: Path, out: Path, overwrite: bool, staging: Path) -> None:

@@ -60,6 +60,9 @@ def gguf_to_hf_folder(gguf: str | Path, dest: str | Path) -> None:
         _fix_special_token_ids(model, meta)
         model.save_pretrained(dest)
         tokenizer.save_pretrained(dest)
+        # The export resolves the tokenizer again from ``dest`` (AutoTokenizer, then
+        # ortgen_tokenizer.json): check the saved folder, not just the object, carries the fix.
+        _verify_tokenizer(AutoTokenizer.from_pretrained(dest), meta, gguf)
 
 
 def _gguf_tokenizer_metadata(gguf: Path) -> dict[str, Any]:

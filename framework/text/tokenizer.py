@@ -1,11 +1,12 @@
 """A model's tokenizer and chat template at run time, without transformers or torch.
 
 The tokenizer is the ``tokenizers`` library (the Rust tokenizer transformers' fast
-tokenizers wrap), set up from the model folder the way
-``transformers.AutoTokenizer.from_pretrained(folder)`` does (:mod:`.tokenizer_folder`);
-the chat template is rendered with jinja2 the way transformers renders it
-(:mod:`.chat_template`). So ``encode``, ``decode`` and ``apply_chat_template`` give the
-same results as transformers on the same folder.
+tokenizers wrap). A folder ortgen exported carries the tokenizer as transformers resolved
+it (``tokenizer.json`` + ``ortgen_tokenizer.json``, :mod:`.resolved_tokenizer`); other
+folders are resolved by transformers when installed, else read best-effort with a warning
+(:mod:`.tokenizer_folder`). The chat template is rendered with jinja2 the way transformers
+renders it (:mod:`.chat_template`). So ``encode``, ``decode`` and ``apply_chat_template``
+give the same results as transformers on the same folder.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import tokenizers
 from ..errors import InputError, ModelLoadError
 from .chat_template import ChatTemplate
 from .clean_up import clean_up_tokenization
+from .resolved_tokenizer import TokenizerFolder
 from .tokenizer_folder import TOKENIZER_FILE, read_tokenizer_folder, token_id
 
 __all__ = ["Tokenizer", "load_tokenizer"]
@@ -49,7 +51,7 @@ class Tokenizer:
         backend: tokenizers.Tokenizer,
         *,
         special_tokens: Mapping[str, str | list[str]] | None = None,
-        chat_template: str | None = None,
+        chat_template: str | Mapping[str, str] | None = None,
         clean_up_tokenization_spaces: bool = False,
         source: str = "<memory>",
     ) -> None:
@@ -60,10 +62,22 @@ class Tokenizer:
             for k, v in (special_tokens or {}).items()
             if v
         }
-        self._chat_template = (
-            ChatTemplate(chat_template, owner=source) if chat_template is not None else None
+        # transformers' chat_template is one template or a dict of named ones.
+        named = (
+            {"default": chat_template}
+            if isinstance(chat_template, str)
+            else dict(chat_template or {})
         )
-        self._chat_template_problem: str | None = None
+        self._templates = {
+            name: ChatTemplate(text, owner=source if name == "default" else f"{source} ({name})")
+            for name, text in named.items()
+        }
+        self._chat_template = self._templates.get("default")
+        self._chat_template_problem: str | None = (
+            f"it has chat templates {sorted(named)} but none named 'default'"
+            if named and self._chat_template is None
+            else None
+        )
         self.clean_up_tokenization_spaces = bool(clean_up_tokenization_spaces)
         self._special_ids = frozenset(
             i for i, tok in backend.get_added_tokens_decoder().items() if tok.special
@@ -71,18 +85,23 @@ class Tokenizer:
 
     @classmethod
     def from_folder(cls, path: str | Path) -> Tokenizer:
-        """Load ``tokenizer.json`` (+ ``tokenizer_config.json``, ``special_tokens_map.json``,
-        ``chat_template.jinja``) from the model folder ``path`` the way transformers does."""
+        """Load the tokenizer of the model folder ``path`` with transformers' results:
+        exactly from ``ortgen_tokenizer.json`` when ortgen exported the folder, else via
+        transformers' AutoTokenizer, else best-effort with a warning."""
         folder = Path(path)
-        found = read_tokenizer_folder(folder)
+        return cls.from_found(read_tokenizer_folder(folder), source=str(folder))
+
+    @classmethod
+    def from_found(cls, found: TokenizerFolder, *, source: str) -> Tokenizer:
+        """The Tokenizer of what a folder reader found (``source`` names it in errors)."""
         tok = cls(
             found.backend,
             special_tokens=found.special_tokens,
             chat_template=found.chat_template,
             clean_up_tokenization_spaces=found.clean_up_tokenization_spaces,
-            source=str(folder),
+            source=source,
         )
-        tok._chat_template_problem = found.chat_template_problem
+        tok._chat_template_problem = found.chat_template_problem or tok._chat_template_problem
         return tok
 
     # ------------------------------------------------------------------ properties
@@ -179,7 +198,13 @@ class Tokenizer:
 
     @property
     def chat_template(self) -> str | None:
+        """The default chat template's source (see :attr:`chat_templates` for all)."""
         return self._chat_template.source if self._chat_template is not None else None
+
+    @property
+    def chat_templates(self) -> dict[str, str]:
+        """All chat templates by name (one template is named "default")."""
+        return {name: t.source for name, t in self._templates.items()}
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
@@ -237,15 +262,20 @@ class Tokenizer:
 
         ``extra`` keyword arguments are passed to the template like transformers does
         (``tools=[...]``, ``documents=[...]``, ``enable_thinking=...``, ...); they override
-        the special tokens (``bos_token``, ``eos_token``, ...) the template also sees.
+        the special tokens (``bos_token``, ``eos_token``, ...) the template also sees. As in
+        transformers, a model with named templates uses "tool_use" when ``tools`` is given
+        and it has one, else "default".
         """
-        if self._chat_template is None:
+        template = self._chat_template
+        if extra.get("tools") is not None and "tool_use" in self._templates:
+            template = self._templates["tool_use"]
+        if template is None:
             detail = f" ({self._chat_template_problem})" if self._chat_template_problem else ""
             raise InputError(
                 f"the model in {self._source} has no chat template{detail}, so chat messages "
                 "cannot be turned into a prompt; use generate() with plain text instead"
             )
-        return self._chat_template.render(
+        return template.render(
             messages,
             add_generation_prompt=add_generation_prompt,
             special_tokens=self.special_tokens_map,
