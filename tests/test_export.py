@@ -60,7 +60,7 @@ def test_export_writes_graph_configs_and_manifest(llama_onnx: Path, llama_hf: Pa
     assert _leftovers(llama_onnx.parent) == []
 
     manifest = json.loads((llama_onnx / MANIFEST_NAME).read_text())
-    assert manifest["format"] == MANIFEST_FORMAT == 2
+    assert manifest["format"] == MANIFEST_FORMAT == 3
     assert manifest["ortgen"] == ortgen.__version__
     assert manifest["variant"] == OPTIMUM_FP32.to_dict()
     assert manifest["source"] == str(llama_hf.absolute())
@@ -153,11 +153,11 @@ def test_export_copies_tokenizer_and_chat_template(tmp_path: Path) -> None:
     out = export_model(hf, tmp_path / "onnx", variant=OPTIMUM_FP32, progress=messages.append)
     for name in (
         "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-        "chat_template.jinja",
+        "chat_template.jinja", "ortgen_tokenizer.json",
     ):  # fmt: skip
         assert (out / name).is_file(), name
     manifest = json.loads((out / MANIFEST_NAME).read_text())
-    assert "tokenizer.json" in manifest["files"]
+    assert {"tokenizer.json", "ortgen_tokenizer.json"} <= set(manifest["files"])
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(out / "tokenizer.json"))

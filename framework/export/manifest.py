@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST_NAME = "ortgen_manifest.json"
-#: 1: first release (no ortgen version, no variant); 2: ortgen version and variant.
-MANIFEST_FORMAT = 2
+#: 1: first release (no ortgen version, no variant); 2: ortgen version and variant;
+#: 3: the tokenizer resolved at export (ortgen_tokenizer.json), so older folders rebuild.
+MANIFEST_FORMAT = 3
 TASK = "text-generation-with-past"
 #: The packages whose versions shape an exported graph.
 EXPORT_TOOLS = (
