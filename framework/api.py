@@ -268,6 +268,7 @@ class TextGenerator:
             max_length=self._max_length(config, prompt_length),
             signature=self.model.signature,
             seed=config.seed,
+            tokenizer=self.tokenizer,
         )
 
     def _max_length(self, config: config_mod.GenerationConfig, prompt_length: int) -> int:

@@ -1,9 +1,10 @@
 """From a resolved config to the components of one request.
 
 Flat Hugging Face fields become built-in processors in Hugging Face's order
-(penalties and constraints, then temperature, top-k, top-p, min-p, typical), so
-the same settings give the same distribution as ``transformers``; explicit
-components from a pipeline file or call come after them.
+(penalties and token rules, then the explicitly given components, then temperature,
+top-k, top-p, min-p, typical, epsilon, eta), so the same settings give the same
+distribution as ``transformers``; OpenAI's and llama.cpp's settings join the group
+their source applies them in.
 """
 
 from __future__ import annotations
@@ -32,20 +33,74 @@ class Chain:
     stop_strings: tuple[str, ...] = ()
 
 
-def processor_specs(config: GenerationConfig) -> list[Spec]:
-    """Processors implied by flat fields, in Hugging Face's ``_get_logits_processor`` order."""
+def processor_specs(config: GenerationConfig, ctx: GenerationContext | None = None) -> list[Spec]:
+    """Processors implied by flat fields, in Hugging Face's ``_get_logits_processor`` order.
+
+    Penalties and token rules first (OpenAI's and llama.cpp's penalties beside Hugging
+    Face's), then the components given explicitly (where transformers merges a user's
+    ``logits_processor`` list), then, when sampling, the warpers (Hugging Face's, then
+    llama.cpp's), and ``renormalize_logits`` last.
+    """
     c = config
     eos = list(c.eos_token_ids)
+    prompt_length = ctx.prompt_length if ctx is not None else 0
+    max_length = ctx.max_length if ctx is not None else None
     specs: list[Spec] = []
+    if c.sequence_bias:
+        bias = [[list(ids), value] for ids, value in c.sequence_bias]
+        specs.append(("sequence_bias", {"sequence_bias": bias}))
+    if c.logit_bias:
+        specs.append(("logit_bias", {"logit_bias": dict(c.logit_bias)}))
     if c.repetition_penalty != 1.0:
         specs.append(("repetition_penalty", {"repetition_penalty": c.repetition_penalty}))
+    if c.presence_penalty != 0.0:
+        specs.append(("presence_penalty", {"presence_penalty": c.presence_penalty}))
+    if c.frequency_penalty != 0.0:
+        specs.append(("frequency_penalty", {"frequency_penalty": c.frequency_penalty}))
     if c.no_repeat_ngram_size > 0:
         specs.append(("no_repeat_ngram_size", {"no_repeat_ngram_size": c.no_repeat_ngram_size}))
+    if c.dry_multiplier > 0:
+        dry = {
+            "multiplier": c.dry_multiplier,
+            "base": c.dry_base,
+            "allowed_length": c.dry_allowed_length,
+            "penalty_last_n": c.dry_penalty_last_n,
+            "sequence_breakers": list(c.dry_sequence_breakers),
+        }
+        specs.append(("dry", dry))
     if c.bad_words_ids:
         bad = [list(seq) for seq in c.bad_words_ids]
         specs.append(("bad_words_ids", {"bad_words_ids": bad, "eos_token_id": eos}))
+    if c.min_length > 0 and eos:
+        specs.append(("min_length", {"min_length": c.min_length, "eos_token_id": eos}))
     if c.min_new_tokens and eos:
         specs.append(("min_new_tokens", {"min_new_tokens": c.min_new_tokens, "eos_token_id": eos}))
+    if c.forced_bos_token_id is not None:
+        specs.append(("forced_bos_token_id", {"bos_token_id": c.forced_bos_token_id}))
+    if c.forced_eos_token_id is not None and max_length is not None:
+        forced = c.forced_eos_token_id
+        ids = [forced] if isinstance(forced, int) else list(forced)
+        specs.append(("forced_eos_token_id", {"max_length": max_length, "eos_token_id": ids}))
+    if c.remove_invalid_values:
+        specs.append(("remove_invalid_values", {}))
+    if c.exponential_decay_length_penalty is not None and eos:
+        start, factor = c.exponential_decay_length_penalty
+        decay = {
+            "start_index": start,
+            "decay_factor": factor,
+            "eos_token_id": eos,
+            "input_ids_seq_length": prompt_length,
+        }
+        specs.append(("exponential_decay_length_penalty", decay))
+    if c.suppress_tokens:
+        specs.append(("suppress_tokens", {"suppress_tokens": list(c.suppress_tokens)}))
+    if c.begin_suppress_tokens:
+        begin = {
+            "begin_suppress_tokens": list(c.begin_suppress_tokens),
+            "begin_index": prompt_length,
+        }
+        specs.append(("begin_suppress_tokens", begin))
+    specs.extend(_explicit(c.logits_processors))
     if c.do_sample:
         keep = {"min_tokens_to_keep": 1}
         if c.temperature != 1.0:
@@ -58,13 +113,25 @@ def processor_specs(config: GenerationConfig) -> list[Spec]:
             specs.append(("min_p", {"min_p": c.min_p, **keep}))
         if c.typical_p < 1.0:
             specs.append(("typical_p", {"typical_p": c.typical_p, **keep}))
-    specs.extend(_explicit(c.logits_processors))
+        if c.epsilon_cutoff > 0.0:
+            specs.append(("epsilon_cutoff", {"epsilon": c.epsilon_cutoff, **keep}))
+        if c.eta_cutoff > 0.0:
+            specs.append(("eta_cutoff", {"epsilon": c.eta_cutoff, **keep}))
+        if c.top_n_sigma is not None:
+            specs.append(("top_n_sigma", {"n": c.top_n_sigma}))
+        if c.xtc_probability > 0.0:
+            xtc = {"probability": c.xtc_probability, "threshold": c.xtc_threshold, **keep}
+            specs.append(("xtc", xtc))
+    if c.renormalize_logits:
+        specs.append(("renormalize_logits", {}))
     return specs
 
 
 def sampler_spec(config: GenerationConfig) -> Spec:
     if config.sampler:
         return _explicit((config.sampler,))[0]
+    if config.do_sample and config.mirostat == 2:
+        return "mirostat_v2", {"tau": config.mirostat_tau, "eta": config.mirostat_eta}
     return ("multinomial" if config.do_sample else "greedy"), {}
 
 
@@ -108,7 +175,7 @@ def build_chain(
 
     cache_name, cache_backend = cache or create("kv_cache", cache_spec(config, ctx))
     return Chain(
-        processors=[create("logits_processor", s) for s in processor_specs(config)],
+        processors=[create("logits_processor", s) for s in processor_specs(config, ctx)],
         sampler=create("sampler", sampler_spec(config)),
         stopping=[create("stopping_criterion", s) for s in stopping_specs(config, ctx.max_length)],
         cache=cache_backend,

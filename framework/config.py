@@ -15,70 +15,70 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .config_values import normalise, validate
 from .errors import ConfigError
 from .jsonfile import read_json_object
 from .registry import did_you_mean
 
 LAYERS = ("defaults", "model config.json", "generation_config.json", "pipeline", "call")
 
-#: Hugging Face generation fields ortgen accepts in model files and ignores: they
-#: only shape what ``generate`` returns in transformers, or belong to features
-#: (encoder-decoder, assisted decoding, watermarking…) that a decoder-only CPU
-#: loop does not have. Unknown keys outside this list are an error.
+#: Hugging Face generation fields that only shape what transformers' ``generate`` returns
+#: or how it runs (caches, compilation): they change no token, so ortgen accepts and
+#: ignores them (with a warning when a pipeline or call sets them).
 IGNORED_HF_FIELDS = frozenset(
     [
         "use_cache",
         "output_attentions",
         "output_hidden_states",
-        "output_scores",
-        "output_logits",
         "return_dict_in_generate",
-        "decoder_start_token_id",
-        "forced_bos_token_id",
-        "forced_eos_token_id",
-        "remove_invalid_values",
-        "exponential_decay_length_penalty",
-        "suppress_tokens",
-        "begin_suppress_tokens",
-        "num_beam_groups",
-        "diversity_penalty",
-        "penalty_alpha",
-        "epsilon_cutoff",
-        "eta_cutoff",
-        "encoder_repetition_penalty",
-        "encoder_no_repeat_ngram_size",
-        "renormalize_logits",
-        "constraints",
-        "force_words_ids",
-        "sequence_bias",
-        "guidance_scale",
-        "low_memory",
-        "watermarking_config",
+        "return_legacy_cache",
         "cache_implementation",
         "cache_config",
-        "token_healing",
-        "is_assistant",
-        "prompt_lookup_num_tokens",
-        "max_matching_ngram_size",
-        "num_assistant_tokens",
-        "num_assistant_tokens_schedule",
-        "assistant_confidence_threshold",
-        "assistant_early_exit",
-        "assistant_lookbehind",
-        "target_lookbehind",
-        "dola_layers",
         "compile_config",
         "disable_compile",
-        "return_legacy_cache",
-        "trust_remote_code",
-        "min_length",
-        "length_penalty",
-        "early_stopping",
+        "prefill_chunk_size",
+        "low_memory",
         "transformers_version",
+        "trust_remote_code",
         "typical_p_deprecated",
-        "top_h",
     ]
 )
+
+_ENCODER = "an encoder-decoder setting; ortgen runs decoder-only graphs"
+_ASSISTED = "assisted (speculative) decoding is not implemented yet"
+#: Hugging Face fields that would change the output but cannot apply to a decoder-only
+#: ONNX graph here, with their default and why. At the default they are accepted;
+#: any other value is an error naming the reason, in every layer.
+UNSUPPORTED_HF_FIELDS: dict[str, tuple[Any, str]] = {
+    "encoder_repetition_penalty": (1.0, _ENCODER),
+    "encoder_no_repeat_ngram_size": (0, _ENCODER),
+    "decoder_start_token_id": (None, _ENCODER),
+    "watermarking_config": (None, "watermarking is not implemented"),
+    "guidance_scale": (None, "classifier-free guidance is not implemented"),
+    "penalty_alpha": (
+        None,
+        "contrastive search needs the model's hidden states, which the graph does not return",
+    ),
+    "dola_layers": (
+        None,
+        "DoLa needs intermediate layers' logits, which the graph does not return",
+    ),
+    "num_beam_groups": (1, "group (diverse) beam search is not implemented"),
+    "diversity_penalty": (0.0, "group (diverse) beam search is not implemented"),
+    "constraints": (None, "constrained beam search is not implemented"),
+    "force_words_ids": (None, "constrained beam search is not implemented"),
+    "token_healing": (False, "token healing is not implemented"),
+    "top_h": (None, "top-H sampling is not implemented"),
+    "is_assistant": (False, _ASSISTED),
+    "prompt_lookup_num_tokens": (None, _ASSISTED),
+    "max_matching_ngram_size": (None, _ASSISTED),
+    "num_assistant_tokens": (20, _ASSISTED),
+    "num_assistant_tokens_schedule": ("constant", _ASSISTED),
+    "assistant_confidence_threshold": (0.4, _ASSISTED),
+    "assistant_early_exit": (None, _ASSISTED),
+    "assistant_lookbehind": (10, _ASSISTED),
+    "target_lookbehind": (10, _ASSISTED),
+}
 
 
 @dataclass(frozen=True)
@@ -94,21 +94,55 @@ class GenerationConfig:
     max_length: int | None = None
     max_new_tokens: int | None = 256
     min_new_tokens: int | None = None
+    min_length: int = 0
     max_time: float | None = None
     stop_strings: tuple[str, ...] | None = None
     # strategy
     do_sample: bool = False
     num_beams: int = 1
     num_return_sequences: int = 1
-    # distribution
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+    # distribution (Hugging Face)
     temperature: float = 1.0
     top_k: int = 50
     top_p: float = 1.0
     min_p: float | None = None
     typical_p: float = 1.0
+    epsilon_cutoff: float = 0.0
+    eta_cutoff: float = 0.0
     repetition_penalty: float = 1.0
     no_repeat_ngram_size: int = 0
     bad_words_ids: tuple[tuple[int, ...], ...] | None = None
+    sequence_bias: tuple[tuple[tuple[int, ...], float], ...] | None = None
+    suppress_tokens: tuple[int, ...] | None = None
+    begin_suppress_tokens: tuple[int, ...] | None = None
+    forced_bos_token_id: int | None = None
+    forced_eos_token_id: int | tuple[int, ...] | None = None
+    exponential_decay_length_penalty: tuple[int, float] | None = None
+    remove_invalid_values: bool = False
+    renormalize_logits: bool = False
+    # distribution (OpenAI)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: Mapping[int, float] | None = None
+    # distribution (llama.cpp)
+    top_n_sigma: float | None = None
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
+    dry_sequence_breakers: tuple[str, ...] = ("\n", ":", '"', "*")
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    # what comes back besides tokens
+    output_scores: bool = False
+    output_logits: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
     # special tokens
     eos_token_id: int | tuple[int, ...] | None = None
     pad_token_id: int | None = None
@@ -135,7 +169,18 @@ class GenerationConfig:
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(GenerationConfig)}
 DEFAULTS = GenerationConfig()
 #: Settings that only matter when sampling (Hugging Face warns when they are set without it).
-SAMPLING_ONLY = ("temperature", "top_k", "top_p", "min_p", "typical_p")
+SAMPLING_ONLY = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "typical_p",
+    "epsilon_cutoff",
+    "eta_cutoff",
+    "top_n_sigma",
+    "xtc_probability",
+    "mirostat",
+)
 
 
 def _jsonable(value: Any) -> Any:
@@ -191,10 +236,15 @@ def resolve(layers: Iterable[tuple[str, Mapping[str, Any]]]) -> Resolved:
                 sources[key] = layer
             elif key.startswith("_"):
                 continue
+            elif key in UNSUPPORTED_HF_FIELDS:
+                default, why = UNSUPPORTED_HF_FIELDS[key]
+                if value != default:
+                    problems.append(f"{key}={value!r} ({layer}): {why}")
             elif key in IGNORED_HF_FIELDS:
                 if strict:
                     warnings.warn(
-                        f"{key!r} is a Hugging Face setting ortgen does not implement; ignored",
+                        f"{key!r} only shapes what transformers' generate returns or how it "
+                        "runs; ortgen ignores it",
                         UserWarning,
                         stacklevel=3,
                     )
@@ -235,21 +285,6 @@ def _limit_from_latest_layer(values: dict[str, Any], sources: dict[str, str]) ->
         sources["max_new_tokens"] = sources["max_length"]
 
 
-_INT_FIELDS = {
-    "max_length",
-    "max_new_tokens",
-    "min_new_tokens",
-    "num_beams",
-    "num_return_sequences",
-    "top_k",
-    "no_repeat_ngram_size",
-    "pad_token_id",
-    "bos_token_id",
-    "seed",
-}
-_FLOAT_FIELDS = {"max_time", "temperature", "top_p", "min_p", "typical_p", "repetition_penalty"}
-
-
 #: Fields where None is a meaningful value ("not set"); None elsewhere is an error.
 _NULLABLE = {name for name, f in FIELDS.items() if f.default is None} | {"max_new_tokens"}
 
@@ -260,119 +295,7 @@ def _normalise(key: str, value: Any) -> Any:
         if key in _NULLABLE:
             return None
         raise TypeError(f"set (it cannot be null; the default is {FIELDS[key].default!r})")
-    if key in _INT_FIELDS:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError("an integer")
-        return value
-    if key in _FLOAT_FIELDS:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise TypeError("a number")
-        return float(value)
-    if key == "do_sample":
-        if not isinstance(value, bool):
-            raise TypeError("true or false")
-        return value
-    if key == "eos_token_id":
-        return _token_ids(value)
-    if key == "bad_words_ids":
-        if not isinstance(value, list | tuple) or not value:
-            raise TypeError("a non-empty list of token-id lists")
-        return tuple(_id_list(seq) for seq in value)
-    if key == "stop_strings":
-        strings = (value,) if isinstance(value, str) else value
-        if not isinstance(strings, list | tuple) or not strings:
-            raise TypeError("a non-empty string or a list of non-empty strings")
-        if not all(isinstance(s, str) and s for s in strings):
-            raise TypeError("a non-empty string or a list of non-empty strings")
-        return tuple(strings)
-    if key in ("cache", "sampler"):
-        return _component_spec(value)
-    if key in ("logits_processors", "stopping_criteria"):
-        specs = [value] if isinstance(value, str | Mapping) else value
-        if not isinstance(specs, list | tuple):
-            raise TypeError('a component name or a table with a "name" key')
-        return tuple(_component_spec(spec) for spec in specs)
-    return value
-
-
-def _token_ids(value: Any) -> int | tuple[int, ...]:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    return _id_list(value)
-
-
-def _id_list(value: Any) -> tuple[int, ...]:
-    if not isinstance(value, list | tuple) or not value:
-        raise TypeError("a token id or a non-empty list of token ids")
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
-        raise TypeError("a list of non-negative token ids")
-    return tuple(value)
-
-
-def _component_spec(spec: Any) -> Mapping[str, Any]:
-    """A component as ``{"name": ..., **params}``; a bare name has no params."""
-    if isinstance(spec, str) and spec:
-        return {"name": spec}
-    if isinstance(spec, Mapping) and isinstance(spec.get("name"), str):
-        return dict(spec)
-    raise TypeError('a component name or a table with a "name" key')
-
-
-def validate(config: GenerationConfig) -> list[str]:
-    """Every out-of-range value and contradiction, as readable sentences."""
-    c = config
-    problems: list[str] = []
-
-    def need(ok: bool, message: str) -> None:
-        if not ok:
-            problems.append(message)
-
-    need(
-        c.max_new_tokens is None or c.max_new_tokens > 0,
-        f"max_new_tokens must be > 0, got {c.max_new_tokens}",
-    )
-    need(c.max_length is None or c.max_length > 0, f"max_length must be > 0, got {c.max_length}")
-    need(
-        c.max_new_tokens is not None or c.max_length is not None,
-        "set max_new_tokens or max_length: without either, generation has no end",
-    )
-    need(
-        c.min_new_tokens is None or c.min_new_tokens >= 0,
-        f"min_new_tokens must be >= 0, got {c.min_new_tokens}",
-    )
-    need(c.max_time is None or c.max_time > 0, f"max_time must be > 0 seconds, got {c.max_time}")
-    need(c.num_beams == 1, f"num_beams={c.num_beams}: beam search is not implemented yet; use 1")
-    need(
-        c.num_return_sequences >= 1,
-        f"num_return_sequences must be >= 1, got {c.num_return_sequences}",
-    )
-    need(
-        c.num_return_sequences == 1 or c.do_sample,
-        "num_return_sequences > 1 needs do_sample=true: greedy decoding returns the same "
-        "sequence every time",
-    )
-    need(
-        not c.do_sample or c.temperature > 0,
-        f"temperature must be > 0 when sampling, got {c.temperature} (for greedy decoding set "
-        "do_sample=false)",
-    )
-    need(c.top_k >= 0, f"top_k must be >= 0 (0 disables it), got {c.top_k}")
-    need(0.0 <= c.top_p <= 1.0, f"top_p must be in [0, 1], got {c.top_p}")
-    need(c.min_p is None or 0.0 <= c.min_p <= 1.0, f"min_p must be in [0, 1], got {c.min_p}")
-    need(0.0 < c.typical_p <= 1.0, f"typical_p must be in (0, 1], got {c.typical_p}")
-    need(
-        c.repetition_penalty > 0,
-        f"repetition_penalty must be > 0 (1.0 disables it), got {c.repetition_penalty}",
-    )
-    need(
-        c.no_repeat_ngram_size >= 0,
-        f"no_repeat_ngram_size must be >= 0, got {c.no_repeat_ngram_size}",
-    )
-    need(c.seed is None or c.seed >= 0, f"seed must be >= 0, got {c.seed}")
-    for key in ("pad_token_id", "bos_token_id"):
-        value = getattr(c, key)
-        need(value is None or value >= 0, f"{key} must be >= 0, got {value}")
-    return problems
+    return normalise(key, value)
 
 
 def _warn_ineffective(config: GenerationConfig, sources: dict[str, str]) -> None:

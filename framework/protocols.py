@@ -76,6 +76,8 @@ class GenerationContext:
         max_length: total length (prompt + new tokens) the buffer holds.
         signature: the model graph's signature (cache backends need it).
         seed: the request's seed, or None for a fresh random one.
+        tokenizer: the model's :class:`ortgen.text.Tokenizer`, or None when the folder
+            has none (components that work on text, like DRY's sequence breakers, need it).
     """
 
     config: GenerationConfig
@@ -88,3 +90,4 @@ class GenerationContext:
     signature: GraphSignature | None = None
     seed: int | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    tokenizer: Any = None

@@ -6,6 +6,10 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "ortgen.plugins.processors",
     "ortgen.plugins.samplers",
     "ortgen.plugins.constraints",
+    "ortgen.plugins.token_rules",
+    "ortgen.plugins.truncation",
+    "ortgen.plugins.openai_penalties",
+    "ortgen.plugins.llamacpp",
     "ortgen.plugins.stopping",
     "ortgen.plugins.caches",
 )

@@ -184,8 +184,29 @@ def test_ignored_hugging_face_fields(gen):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # transformers_version in the model file: silent
         gen.resolve_config()
-    with pytest.warns(UserWarning, match="'length_penalty' is a Hugging Face setting"):
-        gen.resolve_config({"length_penalty": 2.0})
+    with pytest.warns(UserWarning, match="'output_attentions' only shapes what transformers"):
+        gen.resolve_config({"output_attentions": True})
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "why"),
+    [
+        ("penalty_alpha", 0.6, "contrastive search needs the model's hidden states"),
+        ("encoder_repetition_penalty", 1.2, "encoder-decoder setting"),
+        ("num_assistant_tokens", 5, "assisted \\(speculative\\) decoding"),
+        ("watermarking_config", {"greenlist_ratio": 0.25}, "watermarking"),
+    ],
+)
+def test_hugging_face_fields_that_cannot_apply_are_errors_unless_default(gen, key, value, why):
+    from ortgen.config import UNSUPPORTED_HF_FIELDS
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gen.resolve_config({key: UNSUPPORTED_HF_FIELDS[key][0]})  # the default: accepted
+    for layers in ({"settings": {key: value}}, {"pipeline": {key: value}}):
+        settings = layers.get("settings", {})
+        with pytest.raises(ortgen.ConfigError, match=f"{key}=.*{why}"):
+            gen.resolve_config(settings, pipeline=layers.get("pipeline"))
 
 
 def test_sampling_warning_only_for_settings_a_caller_gave(gen):

@@ -1,0 +1,1 @@
+"""OpenAI's presence and frequency penalties and logit bias."""

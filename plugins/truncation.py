@@ -1,0 +1,1 @@
+"""Hugging Face's entropy-based truncation warpers: epsilon and eta cutoff."""
