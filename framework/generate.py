@@ -139,10 +139,12 @@ class Generation:
         """Mark ``row`` finished from outside the chain (e.g. a stop string in its text)."""
         if self.unfinished[row]:
             self.unfinished[row] = False
-            self.finish_reasons[row] = reason
             self._finished_at[row] = self.length
             if self._texts:
-                self._texts[row].close()
+                self._texts[row].close()  # a stop string in the held-back end is found here
+                if self._texts[row].stopped:
+                    reason = "stop_string"  # the text was cut: that is why it ends there
+            self.finish_reasons[row] = reason
 
     def append(self, tokens: Sequence[Sequence[int]], *, chain: Chain | None = None) -> None:
         """Add tokens to every row and reopen the rows; they are fed on the next step.

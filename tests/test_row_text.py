@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ortgen.text import RowText
-from tests.text_fixtures import FIXTURE_SETTINGS, backend, chatml_dir, pair, root
+from tests.text_fixtures import FIXTURE_SETTINGS, backend, chatml_dir, cleanup_pair, pair, root
 
-__all__ = ["backend", "chatml_dir", "pair", "root"]
+__all__ = ["backend", "chatml_dir", "cleanup_pair", "pair", "root"]
 
 STOP_CHOICES = ["e", "ab", " the", "\n\n", "##", "o w", "🙂", "xyz", "東京"]
 
@@ -146,3 +146,15 @@ def test_row_text_close_is_idempotent(pair, stops):
     first = row.close()
     assert row.close() == first == tok.decode(tok.encode("🙂 done", add_special_tokens=False))
     assert row.push(5) is False and row.text == first  # a closed row takes no more text
+
+
+def test_stop_string_completed_by_the_final_flush_is_found(cleanup_pair):
+    """Clean-up holds back " n" (it may become " n't"); the stop string "say n" completes
+    only when close() releases it, and is still found and trimmed."""
+    tok, _ = cleanup_pair
+    row = RowText(tok, ["say n"])
+    for tid in tok.encode("I say n", add_special_tokens=False):
+        assert not row.push(tid)
+    assert "say n" not in row.text
+    assert row.close() == "I "
+    assert row.stopped and row.take() == "I "
