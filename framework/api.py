@@ -45,6 +45,14 @@ class GenerationOutput:
     sequences: np.ndarray
     finish_reasons: list[str]
     stats: dict[str, float] = field(default_factory=dict)
+    #: per row, the log-probability of each generated token (``logprobs=True``)
+    logprobs: list[list[float]] | None = None
+    #: per row and token, the best (token, logprob) pairs (``top_logprobs=N``)
+    top_logprobs: list[list[list[tuple[int, float]]]] | None = None
+    #: one (B, V) array per step: processed scores / raw logits (``output_scores`` /
+    #: ``output_logits``), as transformers' ``scores`` / ``logits``
+    scores: list[np.ndarray] | None = None
+    logits: list[np.ndarray] | None = None
 
 
 class TextGenerator:
@@ -299,7 +307,19 @@ class TextGenerator:
                 1e3 * (stats["total_s"] - stats["prefill_s"]) / (steps - 1)
             )
         text: str | list[str] | None = texts[0] if single and texts is not None else texts
-        return GenerationOutput(text, tokens, state.sequences.copy(), reasons, stats)
+        rows = range(state.batch_size)
+        record = state.record
+        return GenerationOutput(
+            text,
+            tokens,
+            state.sequences.copy(),
+            reasons,
+            stats,
+            logprobs=[state.logprobs(r) for r in rows] if record.want_logprobs else None,
+            top_logprobs=[state.top_logprobs(r) for r in rows] if record.top else None,
+            scores=list(record.scores) if record.want_scores else None,
+            logits=list(record.logits) if record.want_logits else None,
+        )
 
 
 def load(

@@ -10,7 +10,7 @@ their source applies them in.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .config import GenerationConfig
@@ -31,6 +31,8 @@ class Chain:
     cache_name: str = "dynamic"
     #: per-row text rule: a row stops once its text contains one of these (needs a tokenizer)
     stop_strings: tuple[str, ...] = ()
+    #: what to keep besides tokens: {"logprobs", "top_logprobs", "scores", "logits"}
+    record: dict[str, Any] = field(default_factory=dict)
 
 
 def processor_specs(config: GenerationConfig, ctx: GenerationContext | None = None) -> list[Spec]:
@@ -181,4 +183,10 @@ def build_chain(
         cache=cache_backend,
         cache_name=cache_name,
         stop_strings=tuple(config.stop_strings or ()),
+        record={
+            "logprobs": config.logprobs,
+            "top_logprobs": config.top_logprobs,
+            "scores": config.output_scores,
+            "logits": config.output_logits,
+        },
     )

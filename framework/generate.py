@@ -18,6 +18,7 @@ import numpy as np
 from .chain import Chain
 from .errors import ComponentError, InputError
 from .model import ExportedModel
+from .step_record import StepRecord
 from .text import RowText, Tokenizer
 
 #: Most positions fed to the model in one forward (see ``Generation._forward``).
@@ -78,6 +79,7 @@ class Generation:
         self.tokenizer = tokenizer
         self._texts: list[RowText] = []
         self._new_texts()
+        self.record = StepRecord(batch, max_length, **chain.record)
 
     @property
     def batch_size(self) -> int:
@@ -94,10 +96,24 @@ class Generation:
 
     def generated(self, row: int) -> list[int]:
         """Tokens generated for ``row``: no prompt, no padding after it finished."""
-        tokens = self.ids[row, self.prompt_length : self.length]
-        if self.finish_reasons[row] is not None:
-            tokens = tokens[: self._finished_at[row] - self.prompt_length]
-        return tokens.tolist()
+        return self.ids[row, self.prompt_length : self._end(row)].tolist()
+
+    def _end(self, row: int) -> int:
+        """Buffer index after ``row``'s last token of this turn."""
+        return self._finished_at[row] if self.finish_reasons[row] is not None else self.length
+
+    def logprobs(self, row: int = 0) -> list[float]:
+        """Log-probability of each token generated for ``row`` in this turn (needs
+        ``logprobs=True`` or ``top_logprobs``): the log-softmax of the scores the sampler
+        saw, as transformers' ``compute_transition_scores(..., normalize_logits=True)``.
+        NaN marks tokens that were appended, not sampled."""
+        self._need_record("logprobs", self.record.want_logprobs)
+        return self.record.logprobs(row, self.prompt_length, self._end(row))
+
+    def top_logprobs(self, row: int = 0) -> list[list[tuple[int, float]]]:
+        """Per generated token of ``row``, the ``top_logprobs`` best (token, logprob) pairs."""
+        self._need_record("top_logprobs", self.record.top > 0)
+        return self.record.top_logprobs(row, self.prompt_length, self._end(row))
 
     def text(self, row: int = 0) -> str:
         """The text generated for ``row`` in this turn, cut before a stop string; the
@@ -114,7 +130,7 @@ class Generation:
         """Pick one token per row; returns them (pad for rows already finished)."""
         if self.is_done:
             raise InputError("generation is finished; append() more tokens to continue")
-        scores = self._forward()
+        scores = logits = self._forward()
         input_ids = self.ids[:, : self.length]
         shape = scores.shape
         for name, processor in self.chain.processors:
@@ -127,6 +143,9 @@ class Generation:
         next_ids = _check_ids(sampler_name, next_ids, self.batch_size, scores.shape[1], self.steps)
         active = self.unfinished.copy()
         next_ids = np.where(active, next_ids, self.pad_token_id)
+        if self.record.active:
+            self.record.reserve(self.ids.shape[1])
+            self.record.record(self.length, next_ids, logits, scores)
         self._append_column(next_ids)
         stopped = self._push_text(next_ids, active)
         self._stop(scores)
@@ -165,6 +184,7 @@ class Generation:
         if chain is not None:
             self.chain = chain
             self.prompt_length = self.length
+            self.record = StepRecord(self.batch_size, self.ids.shape[1], **chain.record)
         self._reopen()
 
     def rewind(self, count: int) -> None:
@@ -173,6 +193,7 @@ class Generation:
             raise InputError(f"cannot rewind {count} tokens of {self.length - self.prompt_length}")
         self.length -= count
         self.mask[:, self.length :] = 0
+        self.record.forget_steps(count)
         self._next_position -= count
         if self.fed >= self.length:  # re-feed the last kept token to get its logits again
             self.fed = self.length - 1
@@ -315,6 +336,10 @@ class Generation:
             if self._texts[row].push(int(next_ids[row])):
                 stopped.append(row)
         return stopped
+
+    def _need_record(self, what: str, asked: bool) -> None:
+        if not asked:
+            raise InputError(f"{what} were not recorded; pass {what}=... when starting the request")
 
     def _row_text(self, row: int) -> RowText:
         if not self._texts:
