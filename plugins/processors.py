@@ -29,13 +29,12 @@ import numpy as np
 
 from ortgen import ConfigError, hookimpl
 from ortgen.plugins._args import as_float, is_int
+from ortgen.plugins._numeric import count_prefix, pack_present
 
 _NEG_INF = np.float32(-np.inf)
 _NEG_INF_BITS = _NEG_INF.view(np.int32)
 # Candidate counts tried before falling back to a full sort of the vocabulary.
 _CANDIDATE_TIERS = (1024, 8192)
-# Width of the blocks cumulative sums are searched in (see _count_prefix).
-_BLOCK = 256
 
 
 @hookimpl
@@ -90,40 +89,6 @@ def _rows(batch: int) -> np.ndarray:
     return np.arange(batch)[:, None]
 
 
-def _count_prefix(
-    weights: np.ndarray,
-    limit: np.float32,
-    *,
-    offset: np.ndarray | float = 0.0,
-    total: np.ndarray | float = 1.0,
-    strict: bool = False,
-) -> np.ndarray:
-    """Per row, how many prefix sums ``offset + cumsum(weights) / total`` are <= ``limit``.
-
-    (``<`` when ``strict``.) Sums are float64 and compared in float32, as torch's
-    CPU cumsum and comparison do. ``weights`` (B, N) are >= 0, so the prefix sums
-    never decrease: block sums (a fast vectorised reduction) find the block where
-    the count ends and only that block is accumulated; numpy's cumsum over the
-    whole row is several times slower.
-    """
-    batch, n = weights.shape
-    compare = np.less if strict else np.less_equal
-    if n <= 16 * _BLOCK:  # short rows: accumulating them directly is cheaper
-        prefix = offset + np.cumsum(weights.astype(np.float64), axis=-1) / total
-        return compare(prefix.astype(np.float32), limit).sum(axis=-1)
-    starts = np.arange(0, n, _BLOCK)
-    before = np.cumsum(np.add.reduceat(weights, starts, axis=-1, dtype=np.float64), axis=-1)
-    whole = compare((offset + before / total).astype(np.float32), limit).sum(axis=-1)
-    block = np.minimum(whole, starts.size - 1)  # the block where the count ends
-    rows = _rows(batch)
-    cols = starts[block][:, None] + np.arange(_BLOCK)
-    inside = np.where(cols < n, weights[rows, np.minimum(cols, n - 1)], 0).astype(np.float64)
-    base = np.where(block > 0, before[rows[:, 0], block - 1], 0.0)[:, None]
-    prefix = offset + (base + np.cumsum(inside, axis=-1)) / total
-    count = starts[block] + compare(prefix.astype(np.float32), limit).sum(axis=-1)
-    return np.minimum(count, n)
-
-
 def _tiers(vocab: int, minimum: int) -> list[int]:
     """Candidate counts to try, smallest first, ending with the whole vocabulary."""
     return [m for m in _CANDIDATE_TIERS if minimum <= m < vocab] + [vocab]
@@ -142,23 +107,11 @@ def _row_max(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _on_present(scores: np.ndarray, cut: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
     """``cut(scores)``, computed on the scores that are not -inf when those are few.
 
-    A -inf score has probability 0 and stays -inf whatever a cut-off decides, so
-    top-p after top-k(50) over a 49152-token vocabulary is a top-p over 50
-    scores. (np.partition is also slow on many equal values.)
+    A -inf score stays -inf whatever a cut-off decides (see ``pack_present``);
+    np.partition is also slow on many equal values, which packing avoids.
     """
-    batch, vocab = scores.shape
-    present = scores != _NEG_INF  # NaN counts as present: it makes its row invalid
-    if np.count_nonzero(present) * 16 > scores.size:
-        return cut(scores)
-    flat = np.flatnonzero(present)
-    rows, cols = np.divmod(flat, vocab)
-    counts = np.bincount(rows, minlength=batch)
-    pos = np.arange(flat.size) - np.repeat(np.cumsum(counts) - counts, counts)
-    packed = np.full((batch, max(int(counts.max()), 1)), _NEG_INF)
-    packed[rows, pos] = scores.reshape(-1)[flat]
-    out = np.full_like(scores, _NEG_INF)
-    out[rows, cols] = cut(packed)[rows, pos]
-    return out
+    present = pack_present(scores)
+    return cut(scores) if present is None else present.unpack(cut(present.packed))
 
 
 # --- processors -----------------------------------------------------------------
@@ -253,7 +206,7 @@ class TopPProcessor:
                 else:
                     cand, below = np.sort(scores, axis=-1), 0.0
                 weights = np.exp(cand - top)
-                n_removed = _count_prefix(weights, limit, offset=below, total=total)
+                n_removed = count_prefix(weights, limit, offset=below, total=total)
                 n_removed = np.minimum(n_removed, size - keep)
                 n_removed[~valid] = 0
                 break
@@ -354,7 +307,7 @@ class TypicalPProcessor:
             break
 
         # HF clamps to vocab - 1; a partial candidate set can only need it in rounding cases
-        last = np.minimum(_count_prefix(probs[rows, cand], mass, strict=True), size - 1)
+        last = np.minimum(count_prefix(probs[rows, cand], mass, strict=True), size - 1)
         limit = distance[rows[:, 0], cand[rows[:, 0], last]]
         limit[~valid] = np.inf
         remove = distance > limit[:, None]

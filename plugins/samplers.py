@@ -11,9 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ortgen import ComponentError, GenerationContext, hookimpl
-
-# Width of the blocks the multinomial CDF is searched in (see MultinomialSampler).
-_BLOCK = 256
+from ortgen.plugins._numeric import PrefixSums, pack_present
 
 
 @hookimpl
@@ -65,10 +63,10 @@ class MultinomialSampler:
     0 and is never drawn. The weights are computed in float32 (numpy's float64
     exp is ~10x slower on -inf; the relative error is 1e-7 and only weights below
     ``exp(-103)`` of the top one round to 0), and every sum is float64. The CDF is
-    searched block-wise: block sums (a fast vectorised reduction) find the block,
-    and only that block is accumulated; a cumsum over the vocabulary is slower.
-    When at most 1/16 of the scores are finite (after top-k, say), only those
-    are looked at; the CDF, and so the pick, is the same.
+    searched block-wise by :class:`PrefixSums` (the search top-p and typical-p
+    use too), compared in float64. When at most 1/16 of the scores are finite
+    (after top-k, say), only those are looked at (:func:`pack_present`); the CDF,
+    and so the pick, is the same.
     """
 
     def __init__(self, *, ctx: GenerationContext) -> None:
@@ -77,41 +75,23 @@ class MultinomialSampler:
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
         scores = np.asarray(scores, dtype=np.float32)
-        batch, vocab = scores.shape
         _unusable_rows("multinomial", scores.max(axis=-1))  # NaN propagates through max
-        possible = scores != -np.inf
-        if np.count_nonzero(possible) * 16 > scores.size:
+        present = pack_present(scores)
+        if present is None:
             return self._draw(scores)
         # Few possible tokens (after top-k, say): draw among those alone.
-        flat = np.flatnonzero(possible)
-        rows, cols = np.divmod(flat, vocab)
-        counts = np.bincount(rows, minlength=batch)  # >= 1 each: every row has a finite max
-        starts = np.cumsum(counts) - counts
-        packed = np.full((batch, counts.max()), -np.inf, dtype=np.float32)
-        packed[rows, np.arange(flat.size) - starts[rows]] = scores.reshape(-1)[flat]
-        return cols[starts + self._draw(packed)]
+        return present.token_ids(self._draw(present.packed))
 
     def _draw(self, scores: np.ndarray) -> np.ndarray:
         batch, vocab = scores.shape
         weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
-        rows = np.arange(batch)
-        if vocab <= 16 * _BLOCK:  # short rows: accumulate them directly
-            cdf = np.cumsum(weights.astype(np.float64), axis=-1)
-            target = self._rng.random(batch) * cdf[:, -1]
-            picked = (cdf <= target[:, None]).sum(axis=-1)
-        else:
-            starts = np.arange(0, vocab, _BLOCK)
-            before = np.cumsum(np.add.reduceat(weights, starts, axis=-1, dtype=np.float64), axis=-1)
-            target = self._rng.random(batch) * before[:, -1]
-            block = np.minimum((before <= target[:, None]).sum(axis=-1), starts.size - 1)
-            cols = starts[block][:, None] + np.arange(_BLOCK)
-            inside = np.where(cols < vocab, weights[rows[:, None], np.minimum(cols, vocab - 1)], 0)
-            base = np.where(block > 0, before[rows, block - 1], 0.0)
-            cdf = base[:, None] + np.cumsum(inside.astype(np.float64), axis=-1)
-            picked = starts[block] + (cdf <= target[:, None]).sum(axis=-1)
+        cdf = PrefixSums(weights)
+        target = self._rng.random(batch) * cdf.total
+        picked = cdf.count(target[:, None], in_float32=False)
 
         # Rounding can leave the target at the very top of the distribution (or of a
         # block); the token meant is then the last one with a weight above 0.
+        rows = np.arange(batch)
         clipped = np.minimum(picked, vocab - 1)
         for row in np.flatnonzero((picked >= vocab) | (weights[rows, clipped] == 0)):
             picked[row] = np.flatnonzero(weights[row, : clipped[row] + 1])[-1]

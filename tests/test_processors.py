@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from ortgen import ConfigError
+from ortgen.plugins import _numeric as N
 from ortgen.plugins import processors as P
 
 torch = pytest.importorskip("torch")
@@ -179,8 +180,37 @@ def test_count_prefix_matches_a_plain_cumsum(strict, n):
     cum = (offset + np.cumsum(weights.astype(np.float64), axis=-1) / total).astype(np.float32)
     for limit in np.float32([0.0, 0.125, 0.5, 0.625, 1.0, 2.0]):
         expected = (cum < limit if strict else cum <= limit).sum(axis=-1)
-        got = P._count_prefix(weights, limit, offset=offset, total=total, strict=strict)
+        got = N.count_prefix(weights, limit, offset=offset, total=total, strict=strict)
         np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("n", [1, 300, 4096, 4097, 9000])
+def test_prefix_sums_in_float64_match_a_plain_cumsum(n):
+    """The sampler's search: unscaled float64 sums against a per-row limit, and the row total."""
+    rng = np.random.default_rng(n)
+    weights = rng.random((4, n)).astype(np.float32)
+    weights[:, rng.random(n) < 0.3] = 0
+    cum = np.cumsum(weights.astype(np.float64), axis=-1)
+    sums = N.PrefixSums(weights)
+    np.testing.assert_allclose(sums.total, cum[:, -1], rtol=1e-12)
+    limit = rng.random(4)[:, None] * sums.total[:, None]
+    got = sums.count(limit, in_float32=False)
+    # the block-wise sums may differ from cum in the last bits, so allow a neighbour
+    assert np.all(np.abs(got - (cum <= limit).sum(axis=-1)) <= 1)
+
+
+def test_pack_present_round_trips_and_maps_columns_to_ids():
+    scores = np.full((3, 100), -np.inf, np.float32)
+    scores[0, [3, 50]] = [1.0, 2.0]
+    scores[1, 7] = 0.5
+    scores[2, [0, 99]] = [np.nan, 3.0]  # NaN is present: it must reach the caller
+    present = N.pack_present(scores)
+    assert present is not None and present.packed.shape == (3, 2)
+    assert_same(present.unpack(present.packed), scores)
+    np.testing.assert_array_equal(present.token_ids(np.array([1, 0, 1])), [50, 7, 99])
+    empty = N.pack_present(np.full((2, 64), -np.inf, np.float32))  # no row has a score
+    assert empty is not None and empty.packed.shape == (2, 1)
+    assert N.pack_present(np.zeros((2, 32), np.float32)) is None  # dense: nothing to gain
 
 
 def test_top_k_keeps_every_score_tied_with_the_kth():
