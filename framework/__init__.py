@@ -25,6 +25,7 @@ from .protocols import GenerationContext, KVCache, LogitsProcessor, Sampler, Sto
 
 if TYPE_CHECKING:
     from .api import GenerationOutput, TextGenerator, load
+    from .chain import logits_processors
     from .generate import Generation
 
 __version__ = "0.1.0"
@@ -34,6 +35,7 @@ _LAZY = {
     "TextGenerator": "api",
     "load": "api",
     "Generation": "generate",
+    "logits_processors": "chain",
 }
 _default: TextGenerator | None = None
 
@@ -85,5 +87,6 @@ __all__ = [
     "generate",
     "hookimpl",
     "load",
+    "logits_processors",
     "stream",
 ]

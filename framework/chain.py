@@ -190,3 +190,72 @@ def build_chain(
             "logits": config.output_logits,
         },
     )
+
+
+class ProcessorChain:
+    """The logits processors the loop would build for some settings, as one callable.
+
+    ``chain(input_ids (B, T) int64, scores (B, V) float32) -> (B, V) float32``. The
+    components are created on the first call, from its shapes (batch, prompt length =
+    T, vocabulary = V), the way transformers' ``_get_logits_processor`` builds its list
+    once per ``generate``; later calls (longer ``input_ids``) reuse them, so stateful
+    components keep their state.
+    """
+
+    def __init__(self, config: GenerationConfig, registry: Registry, **context: Any) -> None:
+        self.config = config
+        self._registry = registry
+        self._context = context
+        self.processors: list[tuple[str, LogitsProcessor]] | None = None
+
+    @property
+    def names(self) -> list[str]:
+        """Registered names of the components, in the order they run (after a call)."""
+        return [name for name, _ in self.processors or []]
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import numpy as np
+
+        input_ids = np.asarray(input_ids, dtype=np.int64)
+        scores = np.asarray(scores, dtype=np.float32)
+        if self.processors is None:
+            self.processors = self._build(input_ids, scores)
+        for _, processor in self.processors:
+            scores = processor(input_ids, scores)
+        return scores
+
+    def _build(self, input_ids: Any, scores: Any) -> list[tuple[str, LogitsProcessor]]:
+        batch, prompt_length = input_ids.shape
+        c = self.config
+        new = c.max_new_tokens if c.max_new_tokens is not None else 0
+        eos = c.eos_token_ids
+        ctx = GenerationContext(
+            config=c,
+            batch_size=batch,
+            prompt_length=self._context.get("prompt_length", prompt_length),
+            vocab_size=scores.shape[1],
+            eos_token_ids=eos,
+            pad_token_id=c.pad_token_id if c.pad_token_id is not None else (eos[0] if eos else 0),
+            max_length=c.max_length or prompt_length + new,
+            seed=c.seed,
+            tokenizer=self._context.get("tokenizer"),
+        )
+        specs = processor_specs(c, ctx)
+        return [
+            (name, self._registry.create("logits_processor", name, p, ctx)) for name, p in specs
+        ]
+
+
+def logits_processors(
+    *, plugins: Any = (), tokenizer: Any = None, **settings: Any
+) -> ProcessorChain:
+    """The logits-processor chain the loop builds for ``settings`` (library defaults <
+    ``settings``; no model files), callable on numpy arrays, so users and tests can
+    compare it with transformers' ``_get_logits_processor`` directly. ``plugins`` adds
+    plugin objects as ``load(plugins=...)`` does."""
+    from .config import resolve
+    from .plugin_manager import build_registry, make_plugin_manager
+
+    config = resolve([("call", settings)]).config
+    registry = build_registry(make_plugin_manager(extra=plugins))
+    return ProcessorChain(config, registry, tokenizer=tokenizer)
