@@ -14,6 +14,7 @@ from typing import Any
 
 from .errors import OrtgenError
 from .export.variant import GRAPHS, PRECISIONS
+from .registry import did_you_mean
 
 SAMPLING_FLAGS = (
     ("--max-new-tokens", "max_new_tokens", int),
@@ -81,10 +82,32 @@ def _load(args: argparse.Namespace):
 def cmd_generate(args: argparse.Namespace) -> int:
     settings = _settings(args)
     gen = _load(args)
-    for piece in gen.stream(args.prompt, **settings):
-        print(piece, end="", flush=True)
+    state = gen.start(args.prompt, **settings)
+    shown = False
+    try:
+        while not state.is_done:
+            state.step()
+            shown = _show(state.new_text(0)) or shown
+        shown = _show(state.new_text(0)) or shown
+    except KeyboardInterrupt:
+        print("\n[interrupted]", file=sys.stderr)
+        return 130
     print()
+    if not shown:
+        reason = state.finish_reasons[0]
+        print(
+            f"ortgen: note: the model ended at once without any text (finish reason: {reason}); "
+            'an instruction-tuned model may expect a chat prompt: try `ortgen chat "..."`',
+            file=sys.stderr,
+        )
     return 0
+
+
+def _show(piece: str) -> bool:
+    """Print a piece of streamed text as it comes; True if there was any."""
+    if piece:
+        print(piece, end="", flush=True)
+    return bool(piece)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -93,9 +116,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
     system = [{"role": "system", "content": args.system}] if args.system else []
     session = gen.chat_session(system, **settings)
     if args.message is not None:
-        _answer(session, args.message)
-        return 0
-    print("ortgen chat: type a message, an empty line or Ctrl-D to quit.", file=sys.stderr)
+        return 130 if _answer(session, args.message) else 0
+    print(
+        "ortgen chat: type a message, an empty line or Ctrl-D to quit; Ctrl-C stops an answer.",
+        file=sys.stderr,
+    )
     while True:
         try:
             line = input("> ")
@@ -107,8 +132,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
         _answer(session, line)
 
 
-def _answer(session, message: str) -> None:
-    """Stream one answer; Ctrl-C stops it, and the partial answer stays in the history."""
+def _answer(session, message: str) -> bool:
+    """Stream one answer; Ctrl-C stops it (True), and the partial answer stays in the
+    history."""
     pieces = session.send(message)
     try:
         for piece in pieces:
@@ -116,7 +142,9 @@ def _answer(session, message: str) -> None:
     except KeyboardInterrupt:
         pieces.close()
         print("\n[interrupted]", file=sys.stderr)
+        return True
     print()
+    return False
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -235,8 +263,34 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a did-you-mean for a misspelt flag (``--temprature``)."""
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            flags = _flags_of(self, parsed)
+            hints = []
+            for item in unknown:
+                flag = item.split("=", 1)[0]
+                hint = did_you_mean(flag, flags) if flag.startswith("-") else ""
+                hints.append(f"{item}{hint}")
+            self.error(f"unrecognized arguments: {' '.join(hints)}")
+        return parsed
+
+
+def _flags_of(parser: argparse.ArgumentParser, parsed: argparse.Namespace) -> list[str]:
+    """The option strings of the subcommand that was chosen (or of ``parser``)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(parsed, action.dest, None) or "")
+            if chosen is not None:
+                return _flags_of(chosen, parsed)
+    return [flag for action in parser._actions for flag in action.option_strings]
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ortgen", description=__doc__)
+    parser = _Parser(prog="ortgen", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("generate", help="stream a continuation of a prompt")
@@ -323,6 +377,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     try:
         return args.func(args)
+    except KeyboardInterrupt:  # before any text (loading, prefill): nothing to keep
+        print("\nortgen: interrupted", file=sys.stderr)
+        return 130
     except OrtgenError as exc:
         print(f"ortgen: error: {exc}", file=sys.stderr)
         return 2

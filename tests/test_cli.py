@@ -415,3 +415,56 @@ def test_warning_grammar_agrees_with_the_number_of_settings(config_folder: Path)
     [plural] = warning_lines(two.stderr)
     assert "top_p only applies when sampling and is ignored" in single, single
     assert "top_k, top_p only apply when sampling and are ignored" in plural, plural
+
+
+# --------------------------------------------------------------------------- CLI manners
+
+
+def test_misspelt_flag_gets_a_did_you_mean(model: Path) -> None:
+    result = run("generate", "Hi", "-m", str(model), "--temprature", "0.5")
+    assert result.returncode == 2
+    assert "unrecognized arguments: --temprature (did you mean '--temperature'?)" in result.stderr
+
+
+def _interrupt_at_step(monkeypatch, at: int) -> None:
+    """Make the step object raise KeyboardInterrupt (Ctrl-C) on its ``at``-th step."""
+    from ortgen.generate import Generation
+
+    real_step = Generation.step
+    calls = {"n": 0}
+
+    def step(self):
+        calls["n"] += 1
+        if calls["n"] == at:
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    monkeypatch.setattr(Generation, "step", step)
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_ctrl_c_in_a_one_shot_command_keeps_the_text_and_exits_130(
+    model: Path, gen, monkeypatch, capsys, command
+) -> None:
+    from ortgen.cli import main
+
+    full = run(command, "Hello", "-m", str(model), "--max-new-tokens", "12", *LONG).stdout
+    _interrupt_at_step(monkeypatch, 7)
+    status = main([command, "Hello", "-m", str(model), "--max-new-tokens", "12", *LONG])
+    out, err = capsys.readouterr()
+    assert status == 130
+    assert "[interrupted]" in err
+    assert out.strip() and full.startswith(out.strip()) and len(out.strip()) < len(full.strip())
+
+
+def test_generate_that_ends_at_once_says_so(model: Path, gen) -> None:
+    eos = gen.tokenizer.eos_token_id
+    bias = json.dumps({str(eos): 100})
+    result = run(
+        "generate", "Hello", "-m", str(model), "--set", f"eos_token_id={eos}",
+        "--set", f"logit_bias={bias}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "\n"
+    assert "the model ended at once without any text (finish reason: eos)" in result.stderr
+    assert "ortgen chat" in result.stderr
