@@ -7,6 +7,7 @@ component chain and drives a ``Generation`` step object.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from . import config as config_mod
-from .chain import build_chain
-from .errors import ComponentError, InputError, ModelLoadError
+from .chain import build_chain, cache_spec
+from .errors import ComponentError, ConfigError, InputError, ModelLoadError
 from .generate import Generation
 from .model import ExportedModel
 from .paths import default_model_dir
@@ -25,8 +26,32 @@ from .plugin_manager import build_registry, make_plugin_manager
 from .protocols import GenerationContext
 from .text import Tokenizer, load_tokenizer
 
-Prompt = str | Sequence[int] | np.ndarray
-Prompts = Prompt | Sequence[str] | Sequence[Sequence[int]]
+Prompt = str | Sequence[int] | np.ndarray | Mapping[str, Any]
+Prompts = Prompt | Sequence[str] | Sequence[Sequence[int]] | Sequence[Mapping[str, Any]]
+
+#: The keys of a dict prompt that hold the prompt itself; every other key is a setting.
+ROW_PROMPT_KEYS = ("prompt", "messages")
+#: Settings that shape the whole batch (its cache, its width, what comes back per step):
+#: a row cannot set them.
+BATCH_WIDE_SETTINGS = frozenset(
+    {
+        "cache",
+        "num_beams",
+        "num_return_sequences",
+        "output_scores",
+        "output_logits",
+        "logprobs",
+        "top_logprobs",
+        "sampler",
+    }
+)
+
+
+def _settings_key(config: config_mod.GenerationConfig) -> str:
+    """Rows whose settings differ only in their seed share one chain."""
+    values = config.to_dict()
+    values.pop("seed")
+    return json.dumps(values, sort_keys=True, default=str)
 
 
 @dataclass
@@ -98,19 +123,22 @@ class TextGenerator:
         **settings: Any,
     ) -> Generation:
         """Encode, check and set up one request; the caller drives ``step()``."""
-        resolved = self.resolve_config(settings, pipeline=pipeline)
-        rows, _ = self._encode(prompts)
-        return self._start(rows, resolved.config)
+        rows, _, configs, seeds = self._prepare(prompts, settings, pipeline)
+        return self._start(rows, configs, seeds)
 
     def generate(
         self, prompts: Prompts, *, pipeline: Mapping[str, Any] | None = None, **settings: Any
     ) -> GenerationOutput:
-        """Generate for one prompt or a batch (text or token ids)."""
-        config = self.resolve_config(settings, pipeline=pipeline).config
-        rows, single = self._encode(prompts)
-        single = single and config.num_return_sequences == 1  # then `text` is a str
+        """Generate for one prompt or a batch (text or token ids).
+
+        A prompt may also be a dict: ``{"prompt": text or ids}`` or ``{"messages": [...]}``
+        plus settings for that row alone (they override the call's): every row of a batch
+        then gives what that prompt gives alone with the same settings, seeded rows too.
+        """
+        rows, single, configs, seeds = self._prepare(prompts, settings, pipeline)
+        single = single and configs[0].num_return_sequences == 1  # then `text` is a str
         started = time.perf_counter()
-        state = self._start(rows, config)
+        state = self._start(rows, configs, seeds)
         stats: dict[str, float] = {"prompt_tokens": float(state.prompt_length)}
         try:
             while not state.is_done:
@@ -130,11 +158,10 @@ class TextGenerator:
     ) -> Iterator[str]:
         """Yield text pieces as they are generated (one prompt); stop strings held back."""
         self._need_tokenizer("stream()")
-        config = self.resolve_config(settings, pipeline=pipeline).config
-        rows, single = self._encode(prompt)
-        if not single or config.num_return_sequences != 1:
+        rows, single, configs, seeds = self._prepare(prompt, settings, pipeline)
+        if not single or configs[0].num_return_sequences != 1:
             raise InputError("stream() takes one prompt and num_return_sequences=1; use generate()")
-        return self.stream_state(self._start(rows, config))
+        return self.stream_state(self._start(rows, configs, seeds))
 
     def stream_state(self, state: Generation) -> Iterator[str]:
         """Drive a one-row ``state`` to its end, yielding its text as it becomes safe to show."""
@@ -148,9 +175,7 @@ class TextGenerator:
         if piece:
             yield piece
 
-    def next_turn(
-        self, state: Generation | None, prompt: list[int], **settings: Any
-    ) -> Generation:
+    def next_turn(self, state: Generation | None, prompt: list[int], **settings: Any) -> Generation:
         """A one-row request for ``prompt`` that reuses ``state``'s KV cache when it can.
 
         When the tokens already in ``state`` are a prefix of ``prompt`` (a conversation
@@ -162,7 +187,7 @@ class TextGenerator:
         self._check_ids(prompt, 0)
         held = state.sequences[0].tolist() if state is not None and state.batch_size == 1 else []
         if not held or len(prompt) <= len(held) or prompt[: len(held)] != held:
-            return self._start([prompt], config)
+            return self._start([prompt], [config])
         assert state is not None
         ctx = self._context([prompt], config)
         cache = (state.chain.cache_name, state.chain.cache)  # the conversation's keys/values
@@ -200,30 +225,89 @@ class TextGenerator:
             )
         return self.tokenizer
 
-    def _encode(self, prompts: Prompts) -> tuple[list[list[int]], bool]:
-        """Token-id rows for the prompts, and whether a single prompt was given."""
+    def _prepare(
+        self,
+        prompts: Prompts,
+        settings: Mapping[str, Any],
+        pipeline: Mapping[str, Any] | None,
+    ) -> tuple[list[list[int]], bool, list[config_mod.GenerationConfig], list[int | None] | None]:
+        """Token rows, whether one prompt was given, each row's resolved config, and (with
+        per-row settings) each row's own seed."""
+        base = self.resolve_config(settings, pipeline=pipeline).config
+        rows, single, row_settings = self._encode(prompts)
+        configs = []
+        for i, own in enumerate(row_settings):
+            if not own:
+                configs.append(base)
+                continue
+            try:
+                config = self.resolve_config({**settings, **own}, pipeline=pipeline).config
+            except ConfigError as exc:
+                raise ConfigError(f"prompt {i}: {exc}") from None
+            configs.append(config)
+        seeds = [own.get("seed") for own in row_settings] if any(row_settings) else None
+        return rows, single, configs, seeds
+
+    def _encode(self, prompts: Prompts) -> tuple[list[list[int]], bool, list[dict[str, Any]]]:
+        """Token-id rows, whether a single prompt was given, and each row's own settings."""
         if isinstance(prompts, str):
-            return [self._encode_text(prompts, 0)], True
+            return [self._encode_text(prompts, 0)], True, [{}]
+        if isinstance(prompts, Mapping):
+            row, own = self._encode_row(prompts, 0)
+            return [row], True, [own]
         if isinstance(prompts, np.ndarray):
             if prompts.ndim == 1:
-                return [self._check_ids(prompts.tolist(), 0)], True
+                return [self._check_ids(prompts.tolist(), 0)], True, [{}]
             if prompts.ndim == 2:
-                return [self._check_ids(r, i) for i, r in enumerate(prompts.tolist())], False
+                rows = [self._check_ids(r, i) for i, r in enumerate(prompts.tolist())]
+                return rows, False, [{} for _ in rows]
             raise InputError(f"token-id prompts must be 1-D or 2-D, got shape {prompts.shape}")
         items = list(prompts)
         if not items:
             raise InputError("no prompt given (an empty list)")
         if all(isinstance(x, int | np.integer) for x in items):
-            return [self._check_ids([int(x) for x in items], 0)], True
-        rows = []
+            return [self._check_ids([int(x) for x in items], 0)], True, [{}]
+        rows, settings = [], []
         for i, item in enumerate(items):
+            own: dict[str, Any] = {}
             if isinstance(item, str):
-                rows.append(self._encode_text(item, i))
+                row = self._encode_text(item, i)
+            elif isinstance(item, Mapping):
+                row, own = self._encode_row(item, i)
             elif isinstance(item, Sequence | np.ndarray):
-                rows.append(self._check_ids([int(x) for x in item], i))
+                row = self._check_ids([int(x) for x in item], i)
             else:
-                raise InputError(f"prompt {i} is a {type(item).__name__}; give text or token ids")
-        return rows, False
+                raise InputError(
+                    f"prompt {i} is a {type(item).__name__}; give text, token ids or a dict "
+                    'with "prompt" or "messages"'
+                )
+            rows.append(row)
+            settings.append(own)
+        return rows, False, settings
+
+    def _encode_row(self, item: Mapping[str, Any], index: int) -> tuple[list[int], dict[str, Any]]:
+        """A dict prompt: ``prompt`` (text or ids) or ``messages``, plus the row's settings."""
+        given = [key for key in ROW_PROMPT_KEYS if key in item]
+        if len(given) != 1:
+            raise InputError(
+                f'prompt {index} is a dict; it needs exactly one of "prompt" (text or token ids) '
+                f'or "messages" (a chat), got keys {sorted(map(str, item))}'
+            )
+        own = {k: v for k, v in item.items() if k not in ROW_PROMPT_KEYS}
+        batch_wide = sorted(set(own) & BATCH_WIDE_SETTINGS)
+        if batch_wide:
+            raise InputError(
+                f"prompt {index} sets {', '.join(batch_wide)}, which applies to the whole "
+                "batch; pass it as a call argument instead"
+            )
+        if "messages" in item:
+            return self._check_ids(self.chat_prompt(item["messages"]), index), own
+        value = item["prompt"]
+        if isinstance(value, str):
+            return self._encode_text(value, index), own
+        if isinstance(value, Sequence | np.ndarray) and not isinstance(value, bytes):
+            return self._check_ids([int(x) for x in value], index), own
+        raise InputError(f'prompt {index}: "prompt" must be text or token ids')
 
     def _encode_text(self, text: str, index: int) -> list[int]:
         if not text:
@@ -246,24 +330,65 @@ class TextGenerator:
             )
         return ids
 
-    def _start(self, rows: list[list[int]], config: config_mod.GenerationConfig) -> Generation:
-        if config.num_return_sequences > 1:
-            rows = [row for row in rows for _ in range(config.num_return_sequences)]
-        ctx = self._context(rows, config)
-        chain = build_chain(self.registry, ctx)
+    def _start(
+        self,
+        rows: list[list[int]],
+        configs: list[config_mod.GenerationConfig],
+        seeds: list[int | None] | None = None,
+    ) -> Generation:
+        """The step object for ``rows``: one chain per distinct settings group (one for
+        the whole batch without per-row settings); the first group's chain holds the
+        cache and the others share it. ``seeds`` (per-row settings only): each row's own
+        seed, so its sampler keeps one random stream per row."""
+        copies = configs[0].num_return_sequences
+        if copies > 1:
+            rows = [row for row in rows for _ in range(copies)]
+            configs = [c for c in configs for _ in range(copies)]
+            seeds = [s for s in seeds for _ in range(copies)] if seeds else None
+        prompt_length = max(len(r) for r in rows)
+        groups: dict[str, list[int]] = {}
+        for row, config in enumerate(configs):
+            groups.setdefault(_settings_key(config), []).append(row)
+        chains: dict[str, Any] = {}
+        cache = None
+        if len(groups) > 1:  # one cache for the whole batch, whichever group comes first
+            whole = self._context(rows, configs[0])
+            name, params = cache_spec(configs[0], whole)
+            cache = (name, self.registry.create("kv_cache", name, params, whole))
+        max_length = 0
+        for key, members in groups.items():
+            config = configs[members[0]]
+            row_seeds = tuple(seeds[r] for r in members) if seeds is not None else ()
+            ctx = self._context(
+                [rows[r] for r in members], config, prompt_length=prompt_length, row_seeds=row_seeds
+            )
+            chains[key] = build_chain(self.registry, ctx, cache=cache)
+            cache = cache or (chains[key].cache_name, chains[key].cache)
+            max_length = max(max_length, ctx.max_length)
+        row_chains = [chains[_settings_key(c)] for c in configs] if len(chains) > 1 else None
+        first = next(iter(chains.values()))
+        base = configs[0]
+        eos = base.eos_token_ids
+        pad = base.pad_token_id if base.pad_token_id is not None else (eos[0] if eos else 0)
         return Generation(
             self.model,
-            chain,
+            first,
             rows,
-            max_length=ctx.max_length,
-            pad_token_id=ctx.pad_token_id,
+            max_length=max_length,
+            pad_token_id=pad,
             tokenizer=self.tokenizer,
+            row_chains=row_chains,
         )
 
     def _context(
-        self, rows: list[list[int]], config: config_mod.GenerationConfig
+        self,
+        rows: list[list[int]],
+        config: config_mod.GenerationConfig,
+        *,
+        prompt_length: int | None = None,
+        row_seeds: tuple[int | None, ...] = (),
     ) -> GenerationContext:
-        prompt_length = max(len(r) for r in rows)
+        prompt_length = prompt_length or max(len(r) for r in rows)
         eos = config.eos_token_ids
         pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
         return GenerationContext(
@@ -277,6 +402,7 @@ class TextGenerator:
             signature=self.model.signature,
             seed=config.seed,
             tokenizer=self.tokenizer,
+            row_seeds=row_seeds,
         )
 
     def _max_length(self, config: config_mod.GenerationConfig, prompt_length: int) -> int:
@@ -293,9 +419,7 @@ class TextGenerator:
         context = self.model.max_context
         return min(max_length, context) if context else max_length
 
-    def _output(
-        self, state: Generation, single: bool, stats: dict[str, float]
-    ) -> GenerationOutput:
+    def _output(self, state: Generation, single: bool, stats: dict[str, float]) -> GenerationOutput:
         tokens = [state.generated(r) for r in range(state.batch_size)]
         texts = None
         if self.tokenizer is not None:

@@ -37,10 +37,13 @@ class Generation:
         max_length: int,
         pad_token_id: int,
         tokenizer: Tokenizer | None = None,
+        row_chains: Sequence[Chain] | None = None,
     ) -> None:
         if not prompts:
             raise InputError("no prompts given")
-        if chain.stop_strings and tokenizer is None:
+        # rows sharing one settings group share one chain; ``chain`` holds the cache
+        self._groups = _group_rows(chain, row_chains, len(prompts))
+        if any(c.stop_strings for _, c in self._groups) and tokenizer is None:
             raise InputError(
                 f"stop_strings need a tokenizer, and the model in {model.path} has none; "
                 "stop on token ids with eos_token_id or a stopping criterion instead"
@@ -130,17 +133,8 @@ class Generation:
         """Pick one token per row; returns them (pad for rows already finished)."""
         if self.is_done:
             raise InputError("generation is finished; append() more tokens to continue")
-        scores = logits = self._forward()
-        input_ids = self.ids[:, : self.length]
-        shape = scores.shape
-        for name, processor in self.chain.processors:
-            scores = self._call("logits processor", name, processor, input_ids, scores)
-            _check_scores(name, scores, shape, self.steps)
-        if self.chain.processors:  # raw model logits go straight to the sampler, which checks
-            _check_not_nan(scores, self.chain, self.steps)
-        sampler_name, sampler = self.chain.sampler
-        next_ids = self._call("sampler", sampler_name, sampler, input_ids, scores)
-        next_ids = _check_ids(sampler_name, next_ids, self.batch_size, scores.shape[1], self.steps)
+        logits = self._forward()
+        next_ids, scores = self._pick(self.ids[:, : self.length], logits)
         active = self.unfinished.copy()
         next_ids = np.where(active, next_ids, self.pad_token_id)
         if self.record.active:
@@ -153,6 +147,29 @@ class Generation:
             self.finish(row, "stop_string")
         self.steps += 1
         return next_ids
+
+    def _pick(self, input_ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each settings group's processors and sampler on its rows; (next ids, scores)."""
+        if len(self._groups) == 1:
+            return self._pick_group(self._groups[0][1], input_ids, logits)
+        next_ids = np.empty(self.batch_size, dtype=np.int64)
+        scores = np.empty_like(logits)
+        for rows, chain in self._groups:
+            next_ids[rows], scores[rows] = self._pick_group(chain, input_ids[rows], logits[rows])
+        return next_ids, scores
+
+    def _pick_group(
+        self, chain: Chain, input_ids: np.ndarray, scores: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        shape = scores.shape
+        for name, processor in chain.processors:
+            scores = self._call("logits processor", name, processor, input_ids, scores)
+            _check_scores(name, scores, shape, self.steps)
+        if chain.processors:  # raw model logits go straight to the sampler, which checks
+            _check_not_nan(scores, chain, self.steps)
+        sampler_name, sampler = chain.sampler
+        next_ids = self._call("sampler", sampler_name, sampler, input_ids, scores)
+        return _check_ids(sampler_name, next_ids, shape[0], shape[1], self.steps), scores
 
     def finish(self, row: int, reason: str) -> None:
         """Mark ``row`` finished from outside the chain (e.g. a stop string in its text)."""
@@ -183,6 +200,7 @@ class Generation:
         self._next_position += width
         if chain is not None:
             self.chain = chain
+            self._groups = [(None, chain)]
             self.prompt_length = self.length
             self.record = StepRecord(self.batch_size, self.ids.shape[1], **chain.record)
         self._reopen()
@@ -296,14 +314,19 @@ class Generation:
 
     def _stop(self, scores: np.ndarray) -> None:
         input_ids = self.ids[:, : self.length]
-        for name, criterion in self.chain.stopping:
-            done = self._call("stopping criterion", name, criterion, input_ids, scores)
-            done = _check_stop(name, done, self.batch_size, self.steps)
-            newly = done & self.unfinished
-            if newly.any():
+        for rows, chain in self._groups:
+            ids, group_scores = (
+                (input_ids, scores) if rows is None else (input_ids[rows], scores[rows])
+            )
+            for name, criterion in chain.stopping:
+                done = self._call("stopping criterion", name, criterion, ids, group_scores)
+                done = _check_stop(name, done, ids.shape[0], self.steps)
+                newly = np.flatnonzero(done)
+                if rows is not None:
+                    newly = rows[newly]
                 reason = getattr(criterion, "finish_reason", name)
-                for row in np.flatnonzero(newly):
-                    self.finish(int(row), reason)
+                for row in newly.tolist():
+                    self.finish(row, reason)
         if self.length >= self.ids.shape[1]:
             for row in np.flatnonzero(self.unfinished):
                 self.finish(int(row), "length")
@@ -321,9 +344,13 @@ class Generation:
         or an appended continuation) count as shown text."""
         if self.tokenizer is None:
             return
-        stops = self.chain.stop_strings
+        stops = [self.chain.stop_strings] * self.batch_size
+        for rows, chain in self._groups:
+            if rows is not None:
+                for row in rows.tolist():
+                    stops[row] = chain.stop_strings
         self._texts = [
-            RowText(self.tokenizer, stops, history=self.generated(row))
+            RowText(self.tokenizer, stops[row], history=self.generated(row))
             for row in range(self.batch_size)
         ]
 
@@ -367,6 +394,23 @@ class Generation:
             raise ComponentError(
                 f"{kind} {name!r} failed at step {self.steps}: {type(exc).__name__}: {exc}"
             ) from exc
+
+
+def _group_rows(
+    chain: Chain, row_chains: Sequence[Chain] | None, batch: int
+) -> list[tuple[np.ndarray | None, Chain]]:
+    """(rows, chain) per settings group; one group of every row (None) without per-row
+    chains, so the common case indexes nothing."""
+    if row_chains is None or all(c is row_chains[0] for c in row_chains):
+        return [(None, row_chains[0] if row_chains else chain)]
+    if len(row_chains) != batch:
+        raise InputError(f"row_chains needs one chain per row ({batch} rows)")
+    groups: dict[int, list[int]] = {}
+    chains: dict[int, Chain] = {}
+    for row, row_chain in enumerate(row_chains):
+        groups.setdefault(id(row_chain), []).append(row)
+        chains[id(row_chain)] = row_chain
+    return [(np.asarray(rows), chains[key]) for key, rows in groups.items()]
 
 
 def _check_scores(name: str, scores: object, shape: tuple[int, ...], step: int) -> None:

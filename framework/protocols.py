@@ -78,6 +78,9 @@ class GenerationContext:
         seed: the request's seed, or None for a fresh random one.
         tokenizer: the model's :class:`ortgen.text.Tokenizer`, or None when the folder
             has none (components that work on text, like DRY's sequence breakers, need it).
+        row_seeds: with per-row settings, the seed of each row this component serves
+            (None: the row has none). A sampler then keeps one random stream per row, so
+            a seeded row draws what it would draw alone; empty: one stream from ``seed``.
     """
 
     config: GenerationConfig
@@ -91,3 +94,4 @@ class GenerationContext:
     seed: int | None = None
     extras: dict[str, Any] = field(default_factory=dict)
     tokenizer: Any = None
+    row_seeds: tuple[int | None, ...] = ()

@@ -72,6 +72,8 @@ class MultinomialSampler:
     def __init__(self, *, ctx: GenerationContext) -> None:
         self.seed = ctx.seed
         self._rng = np.random.default_rng(ctx.seed)
+        # per-row settings: one stream per row, so a seeded row draws what it draws alone
+        self._row_rngs = row_generators(ctx) if ctx.row_seeds else None
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
         scores = np.asarray(scores, dtype=np.float32)
@@ -86,7 +88,11 @@ class MultinomialSampler:
         batch, vocab = scores.shape
         weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
         cdf = PrefixSums(weights)
-        target = self._rng.random(batch) * cdf.total
+        if self._row_rngs is not None:
+            uniform = np.array([rng.random() for rng in self._row_rngs])
+        else:
+            uniform = self._rng.random(batch)
+        target = uniform * cdf.total
         picked = cdf.count(target[:, None], in_float32=False)
 
         # Rounding can leave the target at the very top of the distribution (or of a
@@ -96,3 +102,14 @@ class MultinomialSampler:
         for row in np.flatnonzero((picked >= vocab) | (weights[rows, clipped] == 0)):
             picked[row] = np.flatnonzero(weights[row, : clipped[row] + 1])[-1]
         return picked.astype(np.int64)
+
+
+def row_generators(ctx: GenerationContext) -> list[np.random.Generator]:
+    """One generator per row: a row's own seed, or for an unseeded row a stream derived
+    from the request's seed and the row (fresh entropy without one)."""
+    streams = []
+    for row, seed in enumerate(ctx.row_seeds):
+        if seed is None:
+            seed = None if ctx.seed is None else [ctx.seed, row]
+        streams.append(np.random.default_rng(seed))
+    return streams
