@@ -1,0 +1,320 @@
+"""Edits onnxruntime-genai's builder graph so its MatMulNBits run a GGUF's own blocks.
+
+The driver (``gguf_exact``) decides which GGUF tensor goes to which node; this module does
+the graph surgery: replacing a node's weight, scale and zero-point initializers, adding the
+Q4_1 minimum term (a shared block-sum MatMul, then MatMul + Add, optionally a Split for
+fused gate/up), turning the embedding into an 8-bit GatherBlockQuantized, and checking each
+new weight against the builder's own. Edits are collected and applied in one pass by
+``GraphEditor.finish`` so node order stays topological. onnx is passed in, not imported,
+so that ``import ortgen`` stays light.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import ExportError
+from .gguf_blocks import BLOCK, Blocks, dequant, pack, same_blocks
+
+__all__ = ["GraphEditor", "int_attr"]
+
+
+class GraphEditor:
+    """Edits the builder graph: replaces initializers, adds the Q4_1 minimum term.
+
+    Changes are collected (new initializers, nodes to insert next to existing ones, nodes to
+    drop) and applied by ``finish`` in one pass, so node order stays topological.
+    """
+
+    def __init__(
+        self, onnx: Any, graph: Any, inits: dict[str, Any], consumers: dict[str, list[Any]]
+    ) -> None:
+        self.onnx, self.graph = onnx, graph
+        self.inits, self.consumers = inits, consumers
+        self.new_inits: dict[str, Any] = {}
+        self.dropped: set[str] = set()
+        # Node name -> nodes to insert before / after it (kept in topological order).
+        self.before: dict[str, list[Any]] = {}
+        self.after: dict[str, list[Any]] = {}
+        self.blocksums: dict[str, str] = {}
+        self.removed: set[str] = set()
+        self.reshaped: set[str] = set()
+
+    def array(self, name: str) -> Any:
+        """An initializer's current value (a replaced one reads its replacement)."""
+        if name in self.new_inits:
+            return self.new_inits[name]
+        if name not in self.inits:
+            raise ExportError(f"GGUF rewrite: {name} is not an initializer of the graph")
+        return self.onnx.numpy_helper.to_array(self.inits[name])
+
+    def put(self, name: str, value: Any) -> None:
+        """Set (or add) an initializer."""
+        self.new_inits[name] = value
+        self.dropped.discard(name)
+
+    def compare_with_builder(self, node: Any, blocks: Blocks) -> float:
+        """Largest |w_gguf - w_builder| over the builder's block scale; raise if above 1."""
+        bits = int_attr(node, "bits", 4)
+        block = int_attr(node, "block_size", 32)
+        n, k = blocks.q.shape
+        if bits != 4:
+            return 0.0  # already rewritten (shared) or not a builder int4 weight: no reference
+        packed = self.array(node.input[1]).reshape(n, -1)
+        q = np.empty((n, packed.shape[1] * 2), np.float32)
+        q[:, 0::2], q[:, 1::2] = packed & 0x0F, packed >> 4
+        scale = self.array(node.input[2]).reshape(n, -1).astype(np.float32)
+        nb = scale.shape[1]  # K is padded up to whole blocks (576 -> 640 at block 128)
+        q = q[:, : nb * block].reshape(n, nb, block)
+        if len(node.input) > 3 and node.input[3]:
+            zp_packed = self.array(node.input[3]).reshape(n, -1)
+            zp = np.empty((n, zp_packed.shape[1] * 2), np.float32)
+            zp[:, 0::2], zp[:, 1::2] = zp_packed & 0x0F, zp_packed >> 4
+            zp = zp[:, :nb]
+        else:
+            zp = np.full(scale.shape, 8.0, np.float32)
+        ref = ((q - zp[..., None]) * scale[..., None]).reshape(n, -1)[:, :k]
+        step = np.repeat(np.abs(scale), block, axis=1)[:, :k] + 1e-12
+        steps = float((np.abs(dequant(blocks) - ref) / step).max())
+        if steps > 1.0 + 1e-3:
+            raise ExportError(
+                f"GGUF rewrite: {node.name} does not match its GGUF tensor (off by {steps:.1f} "
+                "quantisation steps): was the graph built from this GGUF's transformers folder, "
+                "and are rows in the order the builder expects?"
+            )
+        return steps
+
+    def _own(self, node: Any, names: list[str]) -> None:
+        """Refuse to change initializers that nodes other than ``node`` (and known sharers) read."""
+        for name in names:
+            for user in self.consumers.get(name, []):
+                if user is node or user.name.startswith("/model/embed_tokens/"):
+                    continue
+                raise ExportError(
+                    f"GGUF rewrite: initializer {name} of {node.name} is also read by "
+                    f"{user.name}; cannot rewrite it safely"
+                )
+
+    def remove(self, node: Any) -> None:
+        """Drop ``node`` and the initializers only it reads (its work moved to another node)."""
+        self._own(node, [x for x in node.input[1:] if x])
+        self.removed.add(node.name)
+        self.dropped.update(x for x in node.input[1:] if x)
+
+    def rewrite_matmul(
+        self,
+        node: Any,
+        blocks: Blocks,
+        accuracy_level: int,
+        split: list[tuple[str, int]] | None = None,
+    ) -> None:
+        """Make ``node`` compute A @ (d*q)^T [+ blocksum(A) @ M^T] with the GGUF's blocks.
+
+        ``split`` (output name, rows) cuts the result along N into those outputs.
+        """
+        helper = self.onnx.helper
+        n, k = blocks.q.shape
+        if k % BLOCK:
+            raise ExportError(f"GGUF rewrite: {node.name} has K={k}, not a multiple of 32")
+        inputs = list(node.input) + [""] * (4 - len(node.input))
+        weight, scale, zp = inputs[1], inputs[2], inputs[3]
+        self._own(node, [x for x in (weight, scale, zp) if x])
+        self.put(weight, pack(blocks))
+        self.put(scale, blocks.d.astype(np.float32))
+        if blocks.bits == 4:
+            # Packed zero points 0 (not absent: absent means 8 for 4-bit).
+            zp = zp or f"{weight}_zp0"
+            self.put(zp, np.zeros((n, (k // BLOCK + 1) // 2), np.uint8))
+        else:
+            if zp:
+                self.dropped.add(zp)
+            zp = ""  # 8-bit default zero point is 128: codes are stored as q + 128
+        inputs[3] = zp
+        while inputs and not inputs[-1]:
+            inputs.pop()
+        del node.input[:]
+        node.input.extend(inputs)
+        set_int_attr(helper, node, "N", n)
+        set_int_attr(helper, node, "bits", blocks.bits)
+        set_int_attr(helper, node, "block_size", BLOCK)
+        set_int_attr(helper, node, "accuracy_level", accuracy_level)
+        if blocks.m is not None:
+            self._add_minimum(node, blocks.m, weight, split)
+        elif split:
+            raise ExportError(f"GGUF rewrite: {node.name}: only Q4_1 weights are fused")
+
+    def _add_minimum(
+        self, node: Any, m: Any, weight: str, split: list[tuple[str, int]] | None
+    ) -> None:
+        """Y = MatMulNBits(A) + blocksum(A) @ M^T, the blocksum shared per activation A."""
+        helper = self.onnx.helper
+        act = node.input[0]
+        if act not in self.blocksums:
+            base = f"{node.name}/gguf_blocksum"
+            k = m.shape[1] * BLOCK
+            # One MatMul with a (K, K/32) 0/1 matrix: one node, where Reshape + ReduceSum is two
+            # (per-node cost dominates these tiny ops in decode).
+            ones = f"gguf_exact/block_ones_{k}"
+            if ones not in self.new_inits:
+                self.put(ones, np.repeat(np.eye(k // BLOCK, dtype=np.float32), BLOCK, 0))
+            added = [helper.make_node("MatMul", [act, ones], [f"{base}/output_0"], base)]
+            self.before.setdefault(node.name, []).extend(added)
+            self.blocksums[act] = f"{base}/output_0"
+        m_name = f"{weight}_gguf_min"
+        self.put(m_name, np.ascontiguousarray(m.T.astype(np.float32)))
+        out = node.output[0]
+        node.output[0] = f"{out}/gguf_dq"
+        base = f"{node.name}/gguf_min"
+        added = [
+            helper.make_node(
+                "MatMul", [self.blocksums[act], m_name], [f"{base}/output_0"], f"{base}/MatMul"
+            ),
+            helper.make_node(
+                "Add",
+                [node.output[0], f"{base}/output_0"],
+                [f"{base}/sum" if split else out],
+                f"{base}/Add",
+            ),
+        ]
+        if split:
+            sizes = f"{base}/split_sizes"
+            self.put(sizes, np.array([rows for _, rows in split], np.int64))
+            added.append(
+                helper.make_node(
+                    "Split",
+                    [f"{base}/sum", sizes],
+                    [name for name, _ in split],
+                    f"{base}/Split",
+                    axis=-1,
+                )
+            )
+        self.after.setdefault(node.name, []).extend(added)
+
+    def rewrite_embedding(
+        self, gather: Any, blocks: Blocks, lm_head: tuple[Any, Blocks] | None, verify: bool
+    ) -> None:
+        """Embedding = the GGUF's token_embd: shared with the tied LM head when the graph shares."""
+        helper = self.onnx.helper
+        if blocks.m is not None:
+            raise ExportError(
+                "GGUF rewrite: token_embd.weight is Q4_1; an exact Q4_1 embedding lookup is not "
+                "implemented (only Q8_0)"
+            )
+        n, k = blocks.q.shape
+        if gather.op_type == "Gather":
+            # Plain float embedding: replace by an 8-bit GatherBlockQuantized over its own codes.
+            table = gather.input[0]
+            self._own(gather, [table])
+            if self.array(table).shape != (n, k):
+                raise ExportError(f"GGUF rewrite: embedding {table} is not {n}x{k}")
+            if verify and not np.array_equal(self.array(table), dequant(blocks)):
+                raise ExportError(f"GGUF rewrite: embedding {table} differs from token_embd")
+            ids = gather.input[1]
+            self.dropped.add(table)
+            if lm_head is not None and same_blocks(lm_head[1], blocks):
+                # Tied: gather from the LM head's codes (B reshaped to (N, K)), no second copy.
+                head = lm_head[0]
+                data, scale = f"{gather.name}/gguf_table", head.input[2]
+                shape = f"{gather.name}/gguf_shape"
+                self.put(shape, np.array([n, k], np.int64))
+                reshape = helper.make_node(
+                    "Reshape", [head.input[1], shape], [data], f"{gather.name}/gguf_Reshape"
+                )
+                self.before.setdefault(gather.name, []).append(reshape)
+            else:
+                data, scale = f"{table}_Q8G32", f"{table}_scale"
+                self.put(data, pack(blocks).reshape(n, k))
+                self.put(scale, blocks.d.astype(np.float32))
+            gather.op_type, gather.domain = "GatherBlockQuantized", "com.microsoft"
+            del gather.input[:]
+            gather.input.extend([data, ids, scale])  # default 8-bit zero point 128
+            for name, value in (("bits", 8), ("block_size", BLOCK), ("quantize_axis", 1)):
+                set_int_attr(helper, gather, name, value)
+            set_int_attr(helper, gather, "gather_axis", 0)
+            for a in list(gather.attribute):
+                if a.name == "axis":
+                    gather.attribute.remove(a)
+            return
+        # GatherBlockQuantized over Reshape(lm_head B): the builder's shared_embeddings=true.
+        data = gather.input[0]
+        reshape = next((x for x in self.graph.node if data in x.output), None)
+        shared = (
+            reshape is not None
+            and reshape.op_type == "Reshape"
+            and lm_head is not None
+            and reshape.input[0] == lm_head[0].input[1]
+        )
+        if not shared:
+            raise ExportError(
+                f"GGUF rewrite: embedding {gather.name} is a GatherBlockQuantized not over the LM "
+                "head's weights; only the builder's shared_embeddings=true layout is supported"
+            )
+        if not same_blocks(lm_head[1], blocks):
+            raise ExportError(
+                "GGUF rewrite: the graph shares the LM head with the embedding but the GGUF's "
+                "output.weight differs from token_embd.weight"
+            )
+        if blocks.bits != 8:
+            raise ExportError("GGUF rewrite: token_embd.weight must be Q8_0")
+        shape_name = f"{reshape.name}/gguf_shape"
+        self.put(shape_name, np.array([n, k], np.int64))
+        reshape.input[1] = shape_name
+        self.reshaped.add(reshape.output[0])
+        head = lm_head[0]
+        inputs = [data, gather.input[1], head.input[2]]  # same scales, default zero point 128
+        del gather.input[:]
+        gather.input.extend(inputs)
+        set_int_attr(helper, gather, "bits", 8)
+        set_int_attr(helper, gather, "block_size", BLOCK)
+
+    def finish(self) -> None:
+        """Write the new initializers and insert the added nodes in topological order."""
+        numpy_helper = self.onnx.numpy_helper
+        used = {name for node in self.graph.node for name in node.input}
+        used |= {name for nodes in self.after.values() for x in nodes for name in x.input}
+        used |= {name for nodes in self.before.values() for x in nodes for name in x.input}
+        keep = [
+            t
+            for t in self.graph.initializer
+            if t.name not in self.new_inits and t.name not in self.dropped and t.name in used
+        ]
+        fresh = [numpy_helper.from_array(v, name) for name, v in self.new_inits.items()]
+        del self.graph.initializer[:]
+        self.graph.initializer.extend(keep + fresh)
+        nodes = []
+        for node in self.graph.node:
+            if node.name in self.removed:
+                continue
+            nodes.extend(self.before.get(node.name, []))
+            nodes.append(node)
+            nodes.extend(self.after.get(node.name, []))
+        # Constants nothing reads any more (the old embedding Reshape shape).
+        read = {name for node in nodes for name in node.input}
+        nodes = [n for n in nodes if n.op_type != "Constant" or n.output[0] in read]
+        del self.graph.node[:]
+        self.graph.node.extend(nodes)
+        # Shapes recorded by the builder for tensors whose shape changed are now wrong.
+        stale = set(self.new_inits) | self.dropped | self.reshaped
+        infos = [v for v in self.graph.value_info if v.name not in stale]
+        del self.graph.value_info[:]
+        self.graph.value_info.extend(infos)
+
+
+def int_attr(node: Any, name: str, default: Any = None) -> Any:
+    """An integer attribute of ``node``."""
+    for a in node.attribute:
+        if a.name == name:
+            return a.i
+    if default is None:
+        raise ExportError(f"GGUF rewrite: {node.name} has no attribute {name}")
+    return default
+
+
+def set_int_attr(helper: Any, node: Any, name: str, value: int) -> None:
+    """Set an integer attribute of ``node``, replacing any old value."""
+    for a in list(node.attribute):
+        if a.name == name:
+            node.attribute.remove(a)
+    node.attribute.append(helper.make_attribute(name, value))
