@@ -21,6 +21,7 @@ from pathlib import Path
 from unittest import mock
 
 from ..errors import ExportError
+from ..jsonfile import read_json_object
 from .quiet import quiet
 from .variant import Variant
 
@@ -108,9 +109,8 @@ def _run_builder(hf_dir: Path, dest: Path, variant: Variant, source: Path) -> No
 
 
 def _hidden_size(hf_dir: Path) -> int:
-    import json
-
-    config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+    """The transformers folder's hidden size (0 if config.json names none)."""
+    config = read_json_object(hf_dir / "config.json", error=ExportError)
     return int(config.get("hidden_size") or config.get("n_embd") or 0)
 
 
