@@ -195,26 +195,47 @@ class TextGenerator:
         state.append([prompt[len(held) :]], chain=build_chain(self.registry, ctx, cache=cache))
         return state
 
-    def chat_session(self, messages: Sequence[Mapping[str, str]] = (), **settings: Any):
+    def chat_session(
+        self,
+        messages: Sequence[Mapping[str, Any]] = (),
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        **settings: Any,
+    ):
         """A conversation that keeps its KV cache between turns (see ``ChatSession``)."""
         from .chat import ChatSession
 
-        return ChatSession(self, messages, **settings)
+        return ChatSession(self, messages, tools=tools, **settings)
 
     def chat(
         self,
-        messages: Sequence[Mapping[str, str]],
+        messages: Sequence[Mapping[str, Any]],
         *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
         pipeline: Mapping[str, Any] | None = None,
         **settings: Any,
     ) -> GenerationOutput:
-        """Answer a conversation using the model's chat template."""
-        return self.generate(self.chat_prompt(messages), pipeline=pipeline, **settings)
+        """Answer a conversation using the model's chat template. ``tools`` (JSON-schema
+        function dicts) and ``template_kwargs`` (``continue_final_message``,
+        ``enable_thinking``, ``documents``, ...) reach the template as transformers'
+        ``apply_chat_template`` passes them."""
+        prompt = self.chat_prompt(messages, tools=tools, **(template_kwargs or {}))
+        return self.generate(prompt, pipeline=pipeline, **settings)
 
-    def chat_prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+    def chat_prompt(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        **template_kwargs: Any,
+    ) -> list[int]:
+        """Token ids of the chat prompt for ``messages``, with the generation prompt
+        (unless ``continue_final_message=True``)."""
         tokenizer = self._need_tokenizer("chat()")
-        text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True)
-        return tokenizer.encode(text, add_special_tokens=False)
+        if tools is not None:
+            template_kwargs["tools"] = tools
+        return tokenizer.encode_chat(list(messages), **template_kwargs)
 
     # -- internals -----------------------------------------------------------------
 

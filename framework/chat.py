@@ -23,12 +23,15 @@ class ChatSession:
     def __init__(
         self,
         generator: TextGenerator,
-        messages: Sequence[Mapping[str, str]] = (),
+        messages: Sequence[Mapping[str, Any]] = (),
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
         **settings: Any,
     ) -> None:
         generator.resolve_config(settings)  # a bad setting fails now, not at the first answer
         self.generator = generator
-        self.messages: list[dict[str, str]] = [dict(m) for m in messages]
+        self.messages: list[dict[str, Any]] = [dict(m) for m in messages]
+        self.tools = tools
         self.settings = settings
         self.state: Generation | None = None
         self.reused_tokens = 0  # tokens of the last turn's prompt that were not fed again
@@ -37,7 +40,7 @@ class ChatSession:
         """Add a user message and stream the answer; the answer joins the history even
         when the caller stops early (the partial text is kept)."""
         self.messages.append({"role": "user", "content": content})
-        prompt = self.generator.chat_prompt(self.messages)
+        prompt = self.generator.chat_prompt(self.messages, tools=self.tools)
         previous = self.state
         held = previous.length if previous is not None else 0
         self.state = self.generator.next_turn(

@@ -531,9 +531,15 @@ def test_continue_final_message_needs_generation_prompt_off(pairs):
         hf.apply_chat_template(
             messages, tokenize=False, continue_final_message=True, add_generation_prompt=True
         )
-    # ortgen's Tokenizer adds the generation prompt by default, so the error says so.
+    # Asking for both is the same error in ortgen; by default ortgen's Tokenizer adds the
+    # generation prompt only when not continuing, so continuing alone just works.
     with pytest.raises(InputError, match="add_generation_prompt=False"):
-        tok.apply_chat_template(messages, continue_final_message=True)
+        tok.apply_chat_template(messages, continue_final_message=True, add_generation_prompt=True)
+    assert tok.apply_chat_template(messages, continue_final_message=True) == (
+        hf.apply_chat_template(
+            messages, tokenize=False, continue_final_message=True, add_generation_prompt=False
+        )
+    )
 
 
 def test_continue_final_message_default_generation_prompt():

@@ -254,7 +254,7 @@ class Tokenizer:
         self,
         messages: Sequence[Mapping[str, Any]],
         *,
-        add_generation_prompt: bool = True,
+        add_generation_prompt: bool | None = None,
         **extra: Any,
     ) -> str:
         """The chat prompt for ``messages``, as transformers'
@@ -264,7 +264,8 @@ class Tokenizer:
         (``tools=[...]``, ``documents=[...]``, ``enable_thinking=...``, ...); they override
         the special tokens (``bos_token``, ``eos_token``, ...) the template also sees. As in
         transformers, a model with named templates uses "tool_use" when ``tools`` is given
-        and it has one, else "default".
+        and it has one, else "default". ``add_generation_prompt`` defaults to True, or to
+        False with ``continue_final_message=True`` (continuing the last message).
         """
         template = self._chat_template
         if extra.get("tools") is not None and "tool_use" in self._templates:
@@ -286,7 +287,7 @@ class Tokenizer:
         self,
         messages: Sequence[Mapping[str, Any]],
         *,
-        add_generation_prompt: bool = True,
+        add_generation_prompt: bool | None = None,
         **extra: Any,
     ) -> list[int]:
         """Token ids of the chat prompt, as ``apply_chat_template(..., tokenize=True)``
