@@ -97,9 +97,11 @@ def processor_specs(config: GenerationConfig, ctx: GenerationContext | None = No
     if c.suppress_tokens:
         specs.append(("suppress_tokens", {"suppress_tokens": list(c.suppress_tokens)}))
     if c.begin_suppress_tokens:
+        # transformers: one step later when a one-token prompt gets a forced BOS first
+        one_later = prompt_length == 1 and c.forced_bos_token_id is not None
         begin = {
             "begin_suppress_tokens": list(c.begin_suppress_tokens),
-            "begin_index": prompt_length,
+            "begin_index": prompt_length + one_later,
         }
         specs.append(("begin_suppress_tokens", begin))
     specs.extend(_explicit(c.logits_processors))

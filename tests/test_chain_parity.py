@@ -381,21 +381,12 @@ def test_token_rule_settings_build_hugging_faces_chain(hf_llama, settings):
         assert_scores_close(ours, theirs)
 
 
-BEGIN_XFAIL = pytest.mark.xfail(
-    strict=True,
-    reason="chain.processor_specs passes begin_index=prompt_length; transformers adds 1 "
-    "when the prompt is one token and forced_bos_token_id is set (framework/, not a plugin)",
-)
-
-
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.parametrize(
     "settings",
     [
         {"forced_bos_token_id": 9},
-        pytest.param(
-            {"forced_bos_token_id": 9, "begin_suppress_tokens": [3, 4]}, marks=BEGIN_XFAIL
-        ),
+        {"forced_bos_token_id": 9, "begin_suppress_tokens": [3, 4]},
     ],
     ids=lambda s: ",".join(s),
 )
