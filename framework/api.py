@@ -17,34 +17,19 @@ from typing import Any
 import numpy as np
 
 from . import config as config_mod
+from . import prompts as prompts_mod
 from .chain import build_chain, cache_spec
 from .errors import ComponentError, ConfigError, InputError, ModelLoadError
 from .generate import Generation
 from .model import ExportedModel
 from .paths import default_model_dir
 from .plugin_manager import build_registry, make_plugin_manager
+from .prompts import PromptEncoder
 from .protocols import GenerationContext
 from .text import Tokenizer, load_tokenizer
 
-Prompt = str | Sequence[int] | np.ndarray | Mapping[str, Any]
-Prompts = Prompt | Sequence[str] | Sequence[Sequence[int]] | Sequence[Mapping[str, Any]]
-
-#: The keys of a dict prompt that hold the prompt itself; every other key is a setting.
-ROW_PROMPT_KEYS = ("prompt", "messages")
-#: Settings that shape the whole batch (its cache, its width, what comes back per step):
-#: a row cannot set them.
-BATCH_WIDE_SETTINGS = frozenset(
-    {
-        "cache",
-        "num_beams",
-        "num_return_sequences",
-        "output_scores",
-        "output_logits",
-        "logprobs",
-        "top_logprobs",
-        "sampler",
-    }
-)
+Prompt = prompts_mod.Prompt
+Prompts = prompts_mod.Prompts
 
 
 def _settings_key(config: config_mod.GenerationConfig) -> str:
@@ -100,6 +85,12 @@ class TextGenerator:
         self.plugin_manager = make_plugin_manager(disable=disable_plugins, extra=plugins)
         self.registry = build_registry(self.plugin_manager)
         self._model_layers = config_mod.model_layers(self.path)
+        self.prompts = PromptEncoder(
+            self.tokenizer,
+            self.model.signature.vocab_size,
+            self.model.max_context,
+            self.chat_prompt,
+        )
 
     # -- config --------------------------------------------------------------------
 
@@ -184,7 +175,7 @@ class TextGenerator:
         config = self.resolve_config(settings).config
         if config.num_return_sequences != 1:
             raise InputError("a conversation continues one row; num_return_sequences must be 1")
-        self._check_ids(prompt, 0)
+        self.prompts.check_ids(prompt, 0)
         held = state.sequences[0].tolist() if state is not None and state.batch_size == 1 else []
         if not held or len(prompt) <= len(held) or prompt[: len(held)] != held:
             return self._start([prompt], [config])
@@ -255,7 +246,7 @@ class TextGenerator:
         """Token rows, whether one prompt was given, each row's resolved config, and (with
         per-row settings) each row's own seed."""
         base = self.resolve_config(settings, pipeline=pipeline).config
-        rows, single, row_settings = self._encode(prompts)
+        rows, single, row_settings = self.prompts.encode(prompts)
         configs = []
         for i, own in enumerate(row_settings):
             if not own:
@@ -268,88 +259,6 @@ class TextGenerator:
             configs.append(config)
         seeds = [own.get("seed") for own in row_settings] if any(row_settings) else None
         return rows, single, configs, seeds
-
-    def _encode(self, prompts: Prompts) -> tuple[list[list[int]], bool, list[dict[str, Any]]]:
-        """Token-id rows, whether a single prompt was given, and each row's own settings."""
-        if isinstance(prompts, str):
-            return [self._encode_text(prompts, 0)], True, [{}]
-        if isinstance(prompts, Mapping):
-            row, own = self._encode_row(prompts, 0)
-            return [row], True, [own]
-        if isinstance(prompts, np.ndarray):
-            if prompts.ndim == 1:
-                return [self._check_ids(prompts.tolist(), 0)], True, [{}]
-            if prompts.ndim == 2:
-                rows = [self._check_ids(r, i) for i, r in enumerate(prompts.tolist())]
-                return rows, False, [{} for _ in rows]
-            raise InputError(f"token-id prompts must be 1-D or 2-D, got shape {prompts.shape}")
-        items = list(prompts)
-        if not items:
-            raise InputError("no prompt given (an empty list)")
-        if all(isinstance(x, int | np.integer) for x in items):
-            return [self._check_ids([int(x) for x in items], 0)], True, [{}]
-        rows, settings = [], []
-        for i, item in enumerate(items):
-            own: dict[str, Any] = {}
-            if isinstance(item, str):
-                row = self._encode_text(item, i)
-            elif isinstance(item, Mapping):
-                row, own = self._encode_row(item, i)
-            elif isinstance(item, Sequence | np.ndarray):
-                row = self._check_ids([int(x) for x in item], i)
-            else:
-                raise InputError(
-                    f"prompt {i} is a {type(item).__name__}; give text, token ids or a dict "
-                    'with "prompt" or "messages"'
-                )
-            rows.append(row)
-            settings.append(own)
-        return rows, False, settings
-
-    def _encode_row(self, item: Mapping[str, Any], index: int) -> tuple[list[int], dict[str, Any]]:
-        """A dict prompt: ``prompt`` (text or ids) or ``messages``, plus the row's settings."""
-        given = [key for key in ROW_PROMPT_KEYS if key in item]
-        if len(given) != 1:
-            raise InputError(
-                f'prompt {index} is a dict; it needs exactly one of "prompt" (text or token ids) '
-                f'or "messages" (a chat), got keys {sorted(map(str, item))}'
-            )
-        own = {k: v for k, v in item.items() if k not in ROW_PROMPT_KEYS}
-        batch_wide = sorted(set(own) & BATCH_WIDE_SETTINGS)
-        if batch_wide:
-            raise InputError(
-                f"prompt {index} sets {', '.join(batch_wide)}, which applies to the whole "
-                "batch; pass it as a call argument instead"
-            )
-        if "messages" in item:
-            return self._check_ids(self.chat_prompt(item["messages"]), index), own
-        value = item["prompt"]
-        if isinstance(value, str):
-            return self._encode_text(value, index), own
-        if isinstance(value, Sequence | np.ndarray) and not isinstance(value, bytes):
-            return self._check_ids([int(x) for x in value], index), own
-        raise InputError(f'prompt {index}: "prompt" must be text or token ids')
-
-    def _encode_text(self, text: str, index: int) -> list[int]:
-        if not text:
-            raise InputError(f"prompt {index} is empty")
-        ids = self._need_tokenizer("a text prompt").encode(text)
-        return self._check_ids(ids, index)
-
-    def _check_ids(self, ids: list[int], index: int) -> list[int]:
-        if not ids:
-            raise InputError(f"prompt {index} is empty (no tokens)")
-        vocab = self.model.signature.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise InputError(f"prompt {index} has token ids outside [0, {vocab}): {bad[:5]}")
-        context = self.model.max_context
-        if context is not None and len(ids) >= context:
-            raise InputError(
-                f"prompt {index} has {len(ids)} tokens; the model's context is {context} tokens, "
-                "which leaves no room to generate. Shorten the prompt."
-            )
-        return ids
 
     def _start(
         self,

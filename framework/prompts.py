@@ -1,0 +1,140 @@
+"""Prompts in every shape a caller may give, turned into checked token-id rows.
+
+Text, token ids (a list, a 2-D array, a batch of either), or a dict per row: ``{"prompt":
+text or ids}`` or ``{"messages": [...]}`` plus that row's own settings. Each row is
+checked against the vocabulary and the model's context here, so a bad prompt fails with
+its index before anything runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .errors import InputError
+from .text import Tokenizer
+
+Prompt = str | Sequence[int] | np.ndarray | Mapping[str, Any]
+Prompts = Prompt | Sequence[str] | Sequence[Sequence[int]] | Sequence[Mapping[str, Any]]
+
+#: The keys of a dict prompt that hold the prompt itself; every other key is a setting.
+ROW_PROMPT_KEYS = ("prompt", "messages")
+#: Settings that shape the whole batch (its cache, its width, what comes back per step):
+#: a row cannot set them.
+BATCH_WIDE_SETTINGS = frozenset(
+    {
+        "cache",
+        "num_beams",
+        "num_return_sequences",
+        "output_scores",
+        "output_logits",
+        "logprobs",
+        "top_logprobs",
+        "sampler",
+    }
+)
+
+
+class PromptEncoder:
+    """Turns prompts into token-id rows for one model (its tokenizer, vocabulary, context)."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer | None,
+        vocab_size: int,
+        max_context: int | None,
+        chat_prompt: Callable[[Sequence[Mapping[str, Any]]], list[int]],
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_context = max_context
+        self._chat_prompt = chat_prompt
+
+    def _tokenizer_for(self, what: str) -> Tokenizer:
+        if self.tokenizer is None:
+            raise InputError(f"{what} needs a tokenizer, and this model has none; pass token ids")
+        return self.tokenizer
+
+    def encode(self, prompts: Prompts) -> tuple[list[list[int]], bool, list[dict[str, Any]]]:
+        """Token-id rows, whether a single prompt was given, and each row's own settings."""
+        if isinstance(prompts, str):
+            return [self.encode_text(prompts, 0)], True, [{}]
+        if isinstance(prompts, Mapping):
+            row, own = self.encode_row(prompts, 0)
+            return [row], True, [own]
+        if isinstance(prompts, np.ndarray):
+            if prompts.ndim == 1:
+                return [self.check_ids(prompts.tolist(), 0)], True, [{}]
+            if prompts.ndim == 2:
+                rows = [self.check_ids(r, i) for i, r in enumerate(prompts.tolist())]
+                return rows, False, [{} for _ in rows]
+            raise InputError(f"token-id prompts must be 1-D or 2-D, got shape {prompts.shape}")
+        items = list(prompts)
+        if not items:
+            raise InputError("no prompt given (an empty list)")
+        if all(isinstance(x, int | np.integer) for x in items):
+            return [self.check_ids([int(x) for x in items], 0)], True, [{}]
+        rows, settings = [], []
+        for i, item in enumerate(items):
+            own: dict[str, Any] = {}
+            if isinstance(item, str):
+                row = self.encode_text(item, i)
+            elif isinstance(item, Mapping):
+                row, own = self.encode_row(item, i)
+            elif isinstance(item, Sequence | np.ndarray):
+                row = self.check_ids([int(x) for x in item], i)
+            else:
+                raise InputError(
+                    f"prompt {i} is a {type(item).__name__}; give text, token ids or a dict "
+                    'with "prompt" or "messages"'
+                )
+            rows.append(row)
+            settings.append(own)
+        return rows, False, settings
+
+    def encode_row(self, item: Mapping[str, Any], index: int) -> tuple[list[int], dict[str, Any]]:
+        """A dict prompt: ``prompt`` (text or ids) or ``messages``, plus the row's settings."""
+        given = [key for key in ROW_PROMPT_KEYS if key in item]
+        if len(given) != 1:
+            raise InputError(
+                f'prompt {index} is a dict; it needs exactly one of "prompt" (text or token ids) '
+                f'or "messages" (a chat), got keys {sorted(map(str, item))}'
+            )
+        own = {k: v for k, v in item.items() if k not in ROW_PROMPT_KEYS}
+        batch_wide = sorted(set(own) & BATCH_WIDE_SETTINGS)
+        if batch_wide:
+            raise InputError(
+                f"prompt {index} sets {', '.join(batch_wide)}, which applies to the whole "
+                "batch; pass it as a call argument instead"
+            )
+        if "messages" in item:
+            return self.check_ids(self._chat_prompt(item["messages"]), index), own
+        value = item["prompt"]
+        if isinstance(value, str):
+            return self.encode_text(value, index), own
+        if isinstance(value, Sequence | np.ndarray) and not isinstance(value, bytes):
+            return self.check_ids([int(x) for x in value], index), own
+        raise InputError(f'prompt {index}: "prompt" must be text or token ids')
+
+    def encode_text(self, text: str, index: int) -> list[int]:
+        if not text:
+            raise InputError(f"prompt {index} is empty")
+        ids = self._tokenizer_for("a text prompt").encode(text)
+        return self.check_ids(ids, index)
+
+    def check_ids(self, ids: list[int], index: int) -> list[int]:
+        if not ids:
+            raise InputError(f"prompt {index} is empty (no tokens)")
+        vocab = self.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise InputError(f"prompt {index} has token ids outside [0, {vocab}): {bad[:5]}")
+        context = self.max_context
+        if context is not None and len(ids) >= context:
+            raise InputError(
+                f"prompt {index} has {len(ids)} tokens; the model's context is {context} tokens, "
+                "which leaves no room to generate. Shorten the prompt."
+            )
+        return ids
