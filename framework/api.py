@@ -63,6 +63,8 @@ class GenerationOutput:
     #: ``output_logits``), as transformers' ``scores`` / ``logits``
     scores: list[np.ndarray] | None = None
     logits: list[np.ndarray] | None = None
+    #: beam search: each returned sequence's score (sum of log-probs / length ** penalty)
+    sequence_scores: list[float] | None = None
 
 
 class TextGenerator:
@@ -270,7 +272,7 @@ class TextGenerator:
         the whole batch without per-row settings); the first group's chain holds the
         cache and the others share it. ``seeds`` (per-row settings only): each row's own
         seed, so its sampler keeps one random stream per row."""
-        copies = configs[0].num_return_sequences
+        copies = max(configs[0].num_beams, configs[0].num_return_sequences)
         if copies > 1:
             rows = [row for row in rows for _ in range(copies)]
             configs = [c for c in configs for _ in range(copies)]
@@ -306,7 +308,7 @@ class TextGenerator:
             rows,
             max_length=max_length,
             pad_token_id=pad,
-            tokenizer=self.tokenizer,
+            tokenizer=self.tokenizer if base.num_beams == 1 else None,  # beams: text at the end
             row_chains=row_chains,
         )
 
@@ -349,7 +351,32 @@ class TextGenerator:
         context = self.model.max_context
         return min(max_length, context) if context else max_length
 
+    def _search_output(
+        self, state: Generation, results: tuple[list[list[int]], list[float]], single: bool
+    ) -> GenerationOutput:
+        """What a search strategy (beam search) chose: its sequences, decoded. Sequences
+        come item by item, ``len(tokens) // prompts`` per prompt, best first."""
+        tokens, scores = results
+        sampler = state.chain.sampler[1]
+        rows_per_prompt = getattr(sampler, "num_beams", 1)
+        prompts = state.batch_size // rows_per_prompt
+        per_prompt = max(1, len(tokens) // prompts)
+        eos = {int(t) for t in getattr(sampler, "eos", ())}
+        width = state.prompt_length + max((len(t) for t in tokens), default=0)
+        sequences = np.full((len(tokens), width), state.pad_token_id, dtype=np.int64)
+        for i, row in enumerate(tokens):
+            prompt_row = min((i // per_prompt) * rows_per_prompt, state.batch_size - 1)
+            sequences[i, : state.prompt_length] = state.ids[prompt_row, : state.prompt_length]
+            sequences[i, state.prompt_length : state.prompt_length + len(row)] = row
+        reasons = ["eos" if row and row[-1] in eos else "length" for row in tokens]
+        texts = [self.tokenizer.decode(t) for t in tokens] if self.tokenizer else None
+        text: str | list[str] | None = texts[0] if single and texts is not None else texts
+        return GenerationOutput(text, tokens, sequences, reasons, sequence_scores=scores)
+
     def _output(self, state: Generation, single: bool, stats: dict[str, float]) -> GenerationOutput:
+        results = state.search_results()
+        if results is not None:
+            return self._search_output(state, results, single)
         tokens = [state.generated(r) for r in range(state.batch_size)]
         texts = None
         if self.tokenizer is not None:

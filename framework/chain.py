@@ -48,6 +48,8 @@ def processor_specs(config: GenerationConfig, ctx: GenerationContext | None = No
     prompt_length = ctx.prompt_length if ctx is not None else 0
     max_length = ctx.max_length if ctx is not None else None
     specs: list[Spec] = []
+    if c.num_beams > 1:  # transformers' beam search processes log-probabilities
+        specs.append(("renormalize_logits", {}))
     if c.sequence_bias:
         bias = [[list(ids), value] for ids, value in c.sequence_bias]
         specs.append(("sequence_bias", {"sequence_bias": bias}))
@@ -106,7 +108,8 @@ def processor_specs(config: GenerationConfig, ctx: GenerationContext | None = No
         specs.append(("begin_suppress_tokens", begin))
     specs.extend(_explicit(c.logits_processors))
     if c.do_sample:
-        keep = {"min_tokens_to_keep": 1}
+        # beams keep a non-EOS continuation alive, as transformers does
+        keep = {"min_tokens_to_keep": (len(eos) + 1 if eos else 2) if c.num_beams > 1 else 1}
         if c.temperature != 1.0:
             specs.append(("temperature", {"temperature": c.temperature}))
         if c.top_k != 0:
@@ -134,6 +137,15 @@ def processor_specs(config: GenerationConfig, ctx: GenerationContext | None = No
 def sampler_spec(config: GenerationConfig) -> Spec:
     if config.sampler:
         return _explicit((config.sampler,))[0]
+    if config.num_beams > 1:
+        beams = {
+            "num_beams": config.num_beams,
+            "length_penalty": config.length_penalty,
+            "early_stopping": config.early_stopping,
+            "num_return_sequences": config.num_return_sequences,
+            "do_sample": config.do_sample,
+        }
+        return "beam_search", beams
     if config.do_sample and config.mirostat == 2:
         return "mirostat_v2", {"tau": config.mirostat_tau, "eta": config.mirostat_eta}
     return ("multinomial" if config.do_sample else "greedy"), {}

@@ -227,16 +227,29 @@ def validate(config: GenerationConfig) -> list[str]:
     need(c.min_length >= 0, f"min_length must be >= 0, got {c.min_length}")
     need(c.max_time is None or c.max_time > 0, f"max_time must be > 0 seconds, got {c.max_time}")
     # strategy
-    need(c.num_beams == 1, f"num_beams={c.num_beams}: beam search is not implemented yet; use 1")
+    need(c.num_beams >= 1, f"num_beams must be >= 1, got {c.num_beams}")
     need(
         c.num_return_sequences >= 1,
         f"num_return_sequences must be >= 1, got {c.num_return_sequences}",
     )
-    need(
-        c.num_return_sequences == 1 or c.do_sample,
-        "num_return_sequences > 1 needs do_sample=true: greedy decoding returns the same "
-        "sequence every time",
-    )
+    if c.num_beams > 1:
+        need(
+            c.num_return_sequences <= c.num_beams,
+            f"num_return_sequences ({c.num_return_sequences}) must be <= num_beams "
+            f"({c.num_beams}): beam search returns its best finished beams",
+        )
+        for key in ("stop_strings", "logprobs", "top_logprobs", "output_scores", "output_logits"):
+            need(
+                not getattr(c, key),
+                f"{key} is not supported with beam search (num_beams={c.num_beams}) yet",
+            )
+        need(c.mirostat == 0, "mirostat is a sampler of its own; it cannot run with num_beams > 1")
+    else:
+        need(
+            c.num_return_sequences == 1 or c.do_sample,
+            "num_return_sequences > 1 needs do_sample=true (or num_beams > 1): greedy "
+            "decoding returns the same sequence every time",
+        )
     need(math.isfinite(c.length_penalty), f"length_penalty must be finite, got {c.length_penalty}")
     # distribution (Hugging Face)
     need(

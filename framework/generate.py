@@ -135,6 +135,9 @@ class Generation:
             raise InputError("generation is finished; append() more tokens to continue")
         logits = self._forward()
         next_ids, scores = self._pick(self.ids[:, : self.length], logits)
+        parents = getattr(self._groups[0][1].sampler[1], "parents", None)
+        if parents is not None:  # a search strategy moved its beams: follow them
+            self._reorder(np.asarray(parents, dtype=np.int64))
         active = self.unfinished.copy()
         next_ids = np.where(active, next_ids, self.pad_token_id)
         if self.record.active:
@@ -145,8 +148,34 @@ class Generation:
         self._stop(scores)
         for row in stopped:  # after the criteria: an EOS in the same step keeps its reason
             self.finish(row, "stop_string")
+        if getattr(self._groups[0][1].sampler[1], "done", False):
+            for row in np.flatnonzero(self.unfinished).tolist():
+                self.finish(row, "search_done")
         self.steps += 1
         return next_ids
+
+    def search_results(self) -> tuple[list[list[int]], list[float]] | None:
+        """A search strategy's chosen sequences (generated tokens) and their scores, or
+        None for samplers that pick one token per row (see ``finalize`` in the sampler
+        contract)."""
+        finalize = getattr(self._groups[0][1].sampler[1], "finalize", None)
+        return finalize(self.ids[:, : self.length]) if finalize is not None else None
+
+    def _reorder(self, parents: np.ndarray) -> None:
+        """Rows become copies of ``parents`` (beam search keeps its best beams): token
+        buffer, mask, positions and the cache's keys and values."""
+        if parents.shape != (self.batch_size,):
+            raise ComponentError(
+                f"sampler returned parents of shape {parents.shape}; expected ({self.batch_size},)"
+            )
+        if (parents == np.arange(self.batch_size)).all():
+            return
+        n = self.length
+        self.ids[:, :n] = self.ids[parents, :n]
+        self.mask[:, :n] = self.mask[parents, :n]
+        self._next_position = self._next_position[parents]
+        self._prompt_lengths = self._prompt_lengths[parents]
+        self._cache_call("reorder", parents)
 
     def _pick(self, input_ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each settings group's processors and sampler on its rows; (next ids, scores)."""

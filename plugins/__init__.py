@@ -5,6 +5,7 @@
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "ortgen.plugins.processors",
     "ortgen.plugins.samplers",
+    "ortgen.plugins.beam_search",
     "ortgen.plugins.constraints",
     "ortgen.plugins.token_rules",
     "ortgen.plugins.truncation",

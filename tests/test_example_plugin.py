@@ -54,11 +54,11 @@ stop = base["tokens"][0][3]                 # a token row 0 generates mid-way
 result = {
     "plugins": sorted({e.plugin for k in ("logits_processor", "stopping_criterion")
                        for e in gen.registry.entries(k) if e.name in
-                       ("ban_tokens", "presence_penalty", "stop_tokens")}),
+                       ("ban_tokens", "seen_token_penalty", "stop_tokens")}),
     "base": base,
     "banned": first,
     "ban": run(logits_processors=[{"name": "ban_tokens", "token_ids": first}]),
-    "presence": run(logits_processors=[{"name": "presence_penalty", "penalty": 1e4}]),
+    "seen": run(logits_processors=[{"name": "seen_token_penalty", "penalty": 1e4}]),
     "stop_token": stop,
     "stop": run(stopping_criteria=[{"name": "stop_tokens", "token_ids": [stop]}]),
     "bad_value": error(logits_processors=[{"name": "ban_tokens", "token_ids": [256]}]),
@@ -117,7 +117,7 @@ def test_cli_lists_the_components_under_the_entry_point_name(plugin_site: Path) 
     }
     assert ours == {
         ("logits_processor", "ban_tokens"): ("example", ["token_ids"]),
-        ("logits_processor", "presence_penalty"): ("example", ["penalty"]),
+        ("logits_processor", "seen_token_penalty"): ("example", ["penalty"]),
         ("stopping_criterion", "stop_tokens"): ("example", ["token_ids"]),
     }
 
@@ -125,7 +125,7 @@ def test_cli_lists_the_components_under_the_entry_point_name(plugin_site: Path) 
 def test_load_discovers_the_plugin_and_disable_blocks_it(results: dict[str, Any]) -> None:
     assert results["plugins"] == ["example"]
     names = results["disabled_names"]
-    assert "ban_tokens" not in names and "presence_penalty" not in names
+    assert "ban_tokens" not in names and "seen_token_penalty" not in names
     assert "top_k" in names  # only the example was blocked
 
 
@@ -138,8 +138,8 @@ def test_ban_tokens_never_generates_the_banned_ids(results: dict[str, Any]) -> N
     assert results["ban"]["reasons"] == ["length", "length"]
 
 
-def test_presence_penalty_stops_repeats(results: dict[str, Any]) -> None:
-    base, penalised = results["base"]["tokens"], results["presence"]["tokens"]
+def test_seen_token_penalty_stops_repeats(results: dict[str, Any]) -> None:
+    base, penalised = results["base"]["tokens"], results["seen"]["tokens"]
     assert any(len(set(row)) < len(row) for row in base)  # greedy repeats without it
     assert all(len(set(row)) == len(row) for row in penalised)  # a 1e4 penalty forbids that
     for b, p in zip(base, penalised, strict=True):  # identical up to the first repeat

@@ -219,8 +219,8 @@ def tutorial_plugin(default_model_dir) -> types.ModuleType:
 
 @pytest.mark.default_model
 def test_tutorial_has_code(tutorial_plugin):
-    kinds = {"ban_tokens", "presence_penalty", "stop_tokens", "gumbel", "numpy"}
-    defined = {"BanTokens", "PresencePenalty", "StopTokens", "GumbelSampler", "NumpyCache"}
+    kinds = {"ban_tokens", "seen_token_penalty", "stop_tokens", "gumbel", "numpy"}
+    defined = {"BanTokens", "SeenTokenPenalty", "StopTokens", "GumbelSampler", "NumpyCache"}
     assert defined <= set(vars(tutorial_plugin)), "a tutorial step's class is missing"
     registered = set()
     for hook in (

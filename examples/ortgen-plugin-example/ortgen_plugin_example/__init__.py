@@ -24,7 +24,7 @@ import numpy as np
 
 from ortgen import ConfigError, GenerationContext, hookimpl
 
-__all__ = ["BanTokens", "PresencePenalty", "StopTokens"]
+__all__ = ["BanTokens", "SeenTokenPenalty", "StopTokens"]
 
 #: The ``register`` callback each hook receives: ``register(name, factory, *, replace=False)``.
 Register = Callable[..., None]
@@ -33,7 +33,7 @@ Register = Callable[..., None]
 @hookimpl
 def register_logits_processors(register: Register) -> None:
     register("ban_tokens", BanTokens)
-    register("presence_penalty", PresencePenalty)
+    register("seen_token_penalty", SeenTokenPenalty)
 
 
 @hookimpl
@@ -80,7 +80,7 @@ class BanTokens:
         return out
 
 
-class PresencePenalty:
+class SeenTokenPenalty:
     """Subtract ``penalty`` from the score of every token the row has already generated.
 
     Unlike the built-in ``repetition_penalty`` (which scales scores and counts
@@ -93,7 +93,7 @@ class PresencePenalty:
     def __init__(self, penalty: float, *, ctx: GenerationContext) -> None:
         ok = isinstance(penalty, numbers.Real) and not isinstance(penalty, bool)
         if not ok or not math.isfinite(penalty):
-            raise ConfigError(f"presence_penalty: `penalty` has to be a number, but is {penalty!r}")
+            raise ConfigError(f"seen_token_penalty: `penalty` has to be a number, but is {penalty!r}")
         self.penalty = np.float32(penalty)
         self.prompt_length = ctx.prompt_length
 

@@ -1,0 +1,162 @@
+"""Beam search, a sampler plugin that moves rows: token for token (and score for score)
+against transformers' ``generate(num_beams=...)`` on the same weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import ortgen
+from tests.tiny_models import PAD_ID
+
+PROMPTS = [[5, 17, 42, 99, 3, 64], [7, 8], [200, 13, 55, 1, 9, 9, 9, 31, 77]]
+SETTINGS = [
+    dict(num_beams=3),
+    dict(num_beams=4, num_return_sequences=3, length_penalty=0.5),
+    dict(num_beams=3, early_stopping=True),
+    dict(num_beams=2, early_stopping="never", repetition_penalty=1.3),
+    dict(num_beams=3, length_penalty=-1.0, no_repeat_ngram_size=2),
+]
+
+
+def hf_beams(hf, prompts: list[list[int]], **settings):
+    width = max(map(len, prompts))
+    ids = torch.tensor([[PAD_ID] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        return hf.generate(
+            ids,
+            attention_mask=mask,
+            do_sample=False,
+            pad_token_id=PAD_ID,
+            output_scores=True,
+            return_dict_in_generate=True,
+            **settings,
+        )
+
+
+def _eos_met_early(gen, prompt: list[int]) -> int:
+    """A token the greedy continuation reaches at its third step, so some beams end."""
+    return gen.generate(prompt, max_new_tokens=3, eos_token_id=None).tokens[0][2]
+
+
+@pytest.mark.parametrize(
+    "settings", SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items())
+)
+def test_beam_search_equals_transformers(models, settings):
+    hf, gen = models
+    for prompts in ([PROMPTS[0]], PROMPTS):
+        for eos in (None, _eos_met_early(gen, PROMPTS[0])):
+            call = dict(max_new_tokens=10, eos_token_id=eos, **settings)
+            expected = hf_beams(hf, prompts, **call)
+            out = gen.generate(prompts, **call)
+            theirs = expected.sequences.numpy()
+            width = max(map(len, prompts))
+            np.testing.assert_array_equal(out.sequences[:, :width], theirs[:, :width])
+            assert out.sequences.shape == theirs.shape
+            # transformers fills after a sequence ends with `pad_token_id or eos[0]` (so
+            # with eos when the pad id is 0): compare the generated tokens themselves
+            fill = {PAD_ID, -1} | ({eos} if eos is not None else set())
+            for row, tokens in enumerate(out.tokens):
+                assert tokens == theirs[row, width : width + len(tokens)].tolist()
+                assert set(theirs[row, width + len(tokens) :].tolist()) <= fill
+            np.testing.assert_allclose(
+                out.sequence_scores, expected.sequences_scores.numpy(), rtol=1e-4, atol=1e-5
+            )
+            per_prompt = settings.get("num_return_sequences", 1)
+            assert len(out.tokens) == len(prompts) * per_prompt
+
+
+def test_finished_beams_report_eos(tiny_llama_gen):
+    gen = tiny_llama_gen
+    eos = gen.generate(PROMPTS[0], max_new_tokens=1, eos_token_id=None).tokens[0][0]  # step 1
+    out = gen.generate(
+        PROMPTS[0], num_beams=3, num_return_sequences=3, max_new_tokens=10, eos_token_id=eos
+    )
+    assert any(reason == "eos" for reason in out.finish_reasons)
+    for tokens, reason in zip(out.tokens, out.finish_reasons, strict=True):
+        assert (tokens[-1] == eos) == (reason == "eos")
+        assert eos not in tokens[:-1]
+
+
+def test_beam_sampling_is_seeded_and_returns_distinct_beams(tiny_llama_gen):
+    call = dict(num_beams=4, num_return_sequences=4, do_sample=True, max_new_tokens=8)
+    call.update(eos_token_id=None, temperature=1.5, top_k=0)
+    first = tiny_llama_gen.generate(PROMPTS[1], seed=3, **call)
+    again = tiny_llama_gen.generate(PROMPTS[1], seed=3, **call)
+    other = tiny_llama_gen.generate(PROMPTS[1], seed=4, **call)
+    assert first.tokens == again.tokens and first.tokens != other.tokens
+    assert len({tuple(t) for t in first.tokens}) == 4
+    assert first.sequence_scores == sorted(first.sequence_scores, reverse=True)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (dict(num_beams=2, num_return_sequences=3), "must be <= num_beams"),
+        (dict(num_beams=2, stop_strings=["x"]), "stop_strings is not supported with beam search"),
+        (dict(num_beams=2, logprobs=True), "logprobs is not supported with beam search"),
+        (dict(num_beams=0), "num_beams must be >= 1"),
+    ],
+)
+def test_beam_search_refuses_what_it_cannot_do(tiny_llama_gen, settings, message):
+    with pytest.raises(ortgen.ConfigError, match=message):
+        tiny_llama_gen.generate(PROMPTS[0], max_new_tokens=4, **settings)
+
+
+def test_a_third_party_search_strategy_is_a_sampler_with_parents(tiny_llama_gen):
+    """The extended contract: a sampler that sets ``parents`` moves rows; ``done`` ends
+    the request; ``finalize`` returns what it chose. Here: keep row 0's beam twice."""
+
+    class CopyFirstRow:
+        def __init__(self):
+            self.parents = None
+            self.done = False
+            self.steps = 0
+
+        def __call__(self, input_ids, scores):
+            self.parents = np.zeros(len(scores), dtype=np.int64)  # every row follows row 0
+            self.steps += 1
+            self.done = self.steps == 3
+            return np.full(len(scores), int(scores[0].argmax()), dtype=np.int64)
+
+        def finalize(self, input_ids):
+            return [input_ids[0, -3:].tolist()], [0.0]
+
+    class Plugin:
+        @ortgen.hookimpl
+        def register_samplers(self, register):
+            register("copy_first_row", CopyFirstRow)
+
+    gen = ortgen.load(tiny_llama_gen.path, threads=1, plugins=[Plugin()])
+    out = gen.generate([PROMPTS[0], PROMPTS[0]], sampler="copy_first_row", max_new_tokens=8)
+    greedy = gen.generate(PROMPTS[0], max_new_tokens=3, eos_token_id=None).tokens[0]
+    assert out.tokens == [greedy]
+
+
+@pytest.mark.default_model
+def test_beam_search_on_the_default_model_at_fp32_equals_transformers(
+    reference_gen, default_model_dir
+):
+    from transformers import AutoModelForCausalLM
+
+    from ortgen.export.default_model import download_default_gguf
+
+    gguf = download_default_gguf(default_model_dir.parent / ".cache")
+    hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name).eval()
+    prompt = reference_gen.chat_prompt([{"role": "user", "content": "Name a colour."}])
+    call = dict(num_beams=3, num_return_sequences=2, max_new_tokens=16, eos_token_id=2)
+    with torch.no_grad():
+        expected = hf.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False,
+            pad_token_id=2,
+            **call,
+        )
+    out = reference_gen.generate(prompt, **call)
+    for row, tokens in enumerate(out.tokens):
+        assert tokens == expected[row, len(prompt) : len(prompt) + len(tokens)].tolist()
+    for tokens, reason in zip(out.tokens, out.finish_reasons, strict=True):
+        assert (tokens[-1] == 2) == (reason == "eos")
