@@ -24,7 +24,7 @@ from .hookspecs import hookimpl
 from .protocols import GenerationContext, KVCache, LogitsProcessor, Sampler, StoppingCriterion
 
 if TYPE_CHECKING:
-    from .api import GenerationOutput, TextGenerator, load
+    from .api import GenerationOutput, StreamPiece, TextGenerator, load
     from .chain import logits_processors
     from .generate import Generation
 
@@ -32,6 +32,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "GenerationOutput": "api",
+    "StreamPiece": "api",
     "TextGenerator": "api",
     "load": "api",
     "Generation": "generate",
@@ -83,6 +84,7 @@ __all__ = [
     "PluginError",
     "Sampler",
     "StoppingCriterion",
+    "StreamPiece",
     "TextGenerator",
     "generate",
     "hookimpl",

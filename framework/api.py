@@ -67,6 +67,17 @@ class GenerationOutput:
     sequence_scores: list[float] | None = None
 
 
+@dataclass
+class StreamPiece:
+    """One step of a streamed answer (``TextGenerator.stream_pieces``)."""
+
+    text: str  # text that became safe to show with this step ("" while held back)
+    token: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+    finish_reason: str | None = None  # set on the last piece
+
+
 class TextGenerator:
     """A model folder ready to generate: graph session, tokenizer, config layers, plugins."""
 
@@ -167,6 +178,30 @@ class TextGenerator:
         piece = state.new_text(0)
         if piece:
             yield piece
+
+    def stream_pieces(
+        self, prompt: Prompt, *, pipeline: Mapping[str, Any] | None = None, **settings: Any
+    ) -> Iterator[StreamPiece]:
+        """Like ``stream()``, one :class:`StreamPiece` per step: the new token, the text
+        that became safe to show (may be empty), the token's logprob and alternatives
+        (with ``logprobs``/``top_logprobs``) and, on the last piece, the finish reason —
+        what an OpenAI-style streaming response carries."""
+        self._need_tokenizer("stream_pieces()")
+        rows, single, configs, seeds = self._prepare(prompt, settings, pipeline)
+        if not single or configs[0].num_return_sequences != 1 or configs[0].num_beams != 1:
+            raise InputError("stream_pieces() takes one prompt, one sequence and no beams")
+        state = self._start(rows, configs, seeds)
+        record = state.record
+        while not state.is_done:
+            token = int(state.step()[0])
+            done = state.is_done
+            yield StreamPiece(
+                text=state.new_text(0),
+                token=token,
+                logprob=state.logprobs(0)[-1] if record.want_logprobs else None,
+                top_logprobs=state.top_logprobs(0)[-1] if record.top else None,
+                finish_reason=state.finish_reasons[0] if done else None,
+            )
 
     def next_turn(self, state: Generation | None, prompt: list[int], **settings: Any) -> Generation:
         """A one-row request for ``prompt`` that reuses ``state``'s KV cache when it can.

@@ -80,3 +80,14 @@ def test_stop_strings_without_a_tokenizer_are_refused(tiny_llama_gen):
     with pytest.raises(InputError, match="no tokenizer"):
         state.text(0)
     assert gen.generate([5, 6, 7], max_new_tokens=2).text is None
+
+
+def test_stream_pieces_carry_tokens_logprobs_and_the_finish_reason(default_gen):
+    settings = dict(max_new_tokens=20, stop_strings=[STOP], logprobs=True, top_logprobs=2)
+    out = default_gen.generate(COUNTING, **settings)
+    pieces = list(default_gen.stream_pieces(COUNTING, **settings))
+    assert "".join(p.text for p in pieces) == out.text
+    assert [p.token for p in pieces] == out.tokens[0]
+    assert [p.logprob for p in pieces] == out.logprobs[0]
+    assert [p.top_logprobs for p in pieces] == out.top_logprobs[0]
+    assert [p.finish_reason for p in pieces] == [None] * (len(pieces) - 1) + ["stop_string"]
