@@ -104,16 +104,25 @@ class Registry:
             )
         return table[name]
 
-    def create(self, kind: str, name: str, params: Mapping[str, Any], ctx: Any) -> Any:
-        """Call the factory of ``name`` with ``params`` (and ``ctx`` if it asks)."""
-        entry = self.get(kind, name)
-        accepted = entry.parameters()
+    def problems(self, kind: str, name: str, params: Mapping[str, Any]) -> list[str]:
+        """What is wrong with ``name`` and ``params`` before anything is created: an
+        unknown name, parameters the factory does not take, parameters it needs."""
+        table = self._entries[kind]
+        if name not in table:
+            known = sorted(table)
+            return [
+                f"unknown {kind} {name!r}{did_you_mean(name, known)}; registered: "
+                f"{', '.join(known) or 'none'}"
+            ]
+        accepted = table[name].parameters()
         takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
+        found = []
         unknown = [k for k in params if k not in accepted and not takes_any]
         if unknown:
-            raise ConfigError(
-                f"{kind} {name!r} does not take parameter(s) {', '.join(map(repr, unknown))}; "
-                f"it takes: {', '.join(accepted) or 'no parameters'}"
+            hint = did_you_mean(unknown[0], list(accepted)) if len(unknown) == 1 else ""
+            found.append(
+                f"unexpected {', '.join(map(repr, unknown))}{hint}; accepts "
+                f"{', '.join(accepted) or 'no parameters'}"
             )
         missing = [
             k
@@ -123,7 +132,15 @@ class Registry:
             and k not in params
         ]
         if missing:
-            raise ConfigError(f"{kind} {name!r} needs parameter(s): {', '.join(missing)}")
+            found.append(f"needs {', '.join(missing)}")
+        return found
+
+    def create(self, kind: str, name: str, params: Mapping[str, Any], ctx: Any) -> Any:
+        """Call the factory of ``name`` with ``params`` (and ``ctx`` if it asks)."""
+        entry = self.get(kind, name)
+        found = self.problems(kind, name, params)
+        if found:
+            raise ConfigError(f"{kind} {name!r}: {'; '.join(found)}")
         kwargs = dict(params)
         if entry.wants_ctx:
             kwargs["ctx"] = ctx

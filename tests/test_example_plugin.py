@@ -166,6 +166,6 @@ def test_bad_parameters_are_config_errors_naming_the_component(results: dict[str
     assert results["bad_value"].startswith("ConfigError: ban_tokens: `token_ids`")
     assert "[0, 256)" in results["bad_value"]
     assert results["bad_param"] == (
-        "ConfigError: logits_processor 'ban_tokens' does not take parameter(s) 'tokens'; "
-        "it takes: token_ids"
+        "ConfigError: logits_processor 'ban_tokens': unexpected 'tokens' (did you mean "
+        "'token_ids'?); accepts token_ids; needs token_ids"
     )

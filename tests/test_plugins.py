@@ -122,7 +122,7 @@ def test_explicit_stopping_criterion_reports_its_reason(llama_dir):
 
 def test_unknown_parameter_is_named(llama_dir):
     gen = ortgen.load(llama_dir, plugins=[Plugin()])
-    with pytest.raises(ortgen.ConfigError, match=r"does not take parameter.*'tokn'"):
+    with pytest.raises(ortgen.ConfigError, match=r"logits_processor 'ban': unexpected 'tokn' \(did you mean 'token'\?\); accepts"):
         gen.generate([5], max_new_tokens=2, logits_processors=[{"name": "ban", "tokn": 1}])
 
 
