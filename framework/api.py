@@ -19,10 +19,11 @@ import numpy as np
 from . import config as config_mod
 from . import prompts as prompts_mod
 from .chain import build_chain, cache_spec
-from .errors import ComponentError, ConfigError, InputError, ModelLoadError
+from .errors import ComponentError, ConfigError, InputError
 from .generate import Generation
 from .model import ExportedModel
-from .paths import default_model_dir
+from .paths import ensure_default_model
+from .pipeline import Pipeline, load_pipeline
 from .plugin_manager import build_registry, make_plugin_manager
 from .prompts import PromptEncoder
 from .protocols import GenerationContext
@@ -30,6 +31,10 @@ from .text import Tokenizer, load_tokenizer
 
 Prompt = prompts_mod.Prompt
 Prompts = prompts_mod.Prompts
+
+
+#: A pipeline layer: a pipeline file's path, a mapping of settings, or None.
+PipelineArg = str | Path | Mapping[str, Any] | None
 
 
 def _settings_key(config: config_mod.GenerationConfig) -> str:
@@ -89,8 +94,10 @@ class TextGenerator:
         spinning: bool = False,
         plugins: Iterable[object] = (),
         disable_plugins: Iterable[str] = (),
+        pipeline: Pipeline | None = None,
     ) -> None:
         self.path = Path(path)
+        self.pipeline = pipeline  # its settings are the pipeline layer of every call
         # the tokenizer first: parsing tokenizer.json briefly needs memory that is freed
         # again, and before the session loads that peak stays below the final RSS
         self.tokenizer: Tokenizer | None = load_tokenizer(self.path)
@@ -111,10 +118,14 @@ class TextGenerator:
         self,
         settings: Mapping[str, Any] | None = None,
         *,
-        pipeline: Mapping[str, Any] | None = None,
+        pipeline: PipelineArg = None,
     ) -> config_mod.Resolved:
-        """Library defaults < model files < ``pipeline`` < ``settings``, validated."""
-        layers = [*self._model_layers, ("pipeline", pipeline or {}), ("call", settings or {})]
+        """Library defaults < model files < ``pipeline`` < ``settings``, validated.
+
+        ``pipeline`` is a pipeline file's path, a mapping of settings, or None for the
+        pipeline given to ``load()`` (if any)."""
+        layer = self._pipeline_layer(pipeline)
+        layers = [*self._model_layers, ("pipeline", layer), ("call", settings or {})]
         return config_mod.resolve(layers)
 
     # -- generation ----------------------------------------------------------------
@@ -123,7 +134,7 @@ class TextGenerator:
         self,
         prompts: Prompts,
         *,
-        pipeline: Mapping[str, Any] | None = None,
+        pipeline: PipelineArg = None,
         **settings: Any,
     ) -> Generation:
         """Encode, check and set up one request; the caller drives ``step()``."""
@@ -131,7 +142,7 @@ class TextGenerator:
         return self._start(rows, configs, seeds)
 
     def generate(
-        self, prompts: Prompts, *, pipeline: Mapping[str, Any] | None = None, **settings: Any
+        self, prompts: Prompts, *, pipeline: PipelineArg = None, **settings: Any
     ) -> GenerationOutput:
         """Generate for one prompt or a batch (text or token ids).
 
@@ -158,7 +169,7 @@ class TextGenerator:
         return self._output(state, single, stats)
 
     def stream(
-        self, prompt: Prompt, *, pipeline: Mapping[str, Any] | None = None, **settings: Any
+        self, prompt: Prompt, *, pipeline: PipelineArg = None, **settings: Any
     ) -> Iterator[str]:
         """Yield text pieces as they are generated (one prompt); stop strings held back."""
         self._need_tokenizer("stream()")
@@ -180,7 +191,7 @@ class TextGenerator:
             yield piece
 
     def stream_pieces(
-        self, prompt: Prompt, *, pipeline: Mapping[str, Any] | None = None, **settings: Any
+        self, prompt: Prompt, *, pipeline: PipelineArg = None, **settings: Any
     ) -> Iterator[StreamPiece]:
         """Like ``stream()``, one :class:`StreamPiece` per step: the new token, the text
         that became safe to show (may be empty), the token's logprob and alternatives
@@ -241,7 +252,7 @@ class TextGenerator:
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
-        pipeline: Mapping[str, Any] | None = None,
+        pipeline: PipelineArg = None,
         **settings: Any,
     ) -> GenerationOutput:
         """Answer a conversation using the model's chat template. ``tools`` (JSON-schema
@@ -267,6 +278,13 @@ class TextGenerator:
 
     # -- internals -----------------------------------------------------------------
 
+    def _pipeline_layer(self, pipeline: PipelineArg) -> Mapping[str, Any]:
+        if pipeline is None:
+            return self.pipeline.settings if self.pipeline is not None else {}
+        if isinstance(pipeline, str | Path):
+            return load_pipeline(pipeline).settings
+        return pipeline
+
     def _need_tokenizer(self, what: str) -> Tokenizer:
         if self.tokenizer is None:
             raise InputError(
@@ -278,7 +296,7 @@ class TextGenerator:
         self,
         prompts: Prompts,
         settings: Mapping[str, Any],
-        pipeline: Mapping[str, Any] | None,
+        pipeline: PipelineArg,
     ) -> tuple[list[list[int]], bool, list[config_mod.GenerationConfig], list[int | None] | None]:
         """Token rows, whether one prompt was given, each row's resolved config, and (with
         per-row settings) each row's own seed."""
@@ -441,40 +459,28 @@ class TextGenerator:
 def load(
     path: str | Path | None = None,
     *,
+    pipeline: str | Path | Pipeline | None = None,
     threads: int | None = None,
     spinning: bool = False,
     plugins: Iterable[object] = (),
     disable_plugins: Iterable[str] = (),
 ) -> TextGenerator:
-    """Load an exported model folder; without a path, the default model (built on first use)."""
+    """Load an exported model folder; without a path, the pipeline's ``model`` or else the
+    default model (built on first use). ``pipeline`` (a pipeline file or a loaded
+    :class:`~ortgen.pipeline.Pipeline`) becomes the pipeline layer of every call, and its
+    ``[plugins] disable`` list is honoured."""
+    if isinstance(pipeline, str | Path):
+        pipeline = load_pipeline(pipeline)
+    if path is None and pipeline is not None:
+        path = pipeline.model_path()
     if path is None:
         path = ensure_default_model()
+    disabled = [*disable_plugins, *(pipeline.disable_plugins if pipeline else ())]
     return TextGenerator(
-        path, threads=threads, spinning=spinning, plugins=plugins, disable_plugins=disable_plugins
+        path,
+        threads=threads,
+        spinning=spinning,
+        plugins=plugins,
+        disable_plugins=disabled,
+        pipeline=pipeline,
     )
-
-
-def ensure_default_model() -> Path:
-    """The default model folder, exported on first use and rebuilt when it is out of date.
-
-    Out of date means its manifest does not match what this ortgen builds (format,
-    ortgen version, variant, source, export tools). Without the export extra nothing
-    can be rebuilt, so a finished folder is used as it is.
-    """
-    import importlib.util
-
-    from .export.manifest import is_complete_model_folder
-
-    folder = default_model_dir()
-    can_export = importlib.util.find_spec("onnxruntime_genai") is not None
-    if is_complete_model_folder(folder) and not can_export:
-        return folder
-    if not can_export:
-        raise ModelLoadError(
-            f"the default model is not built yet ({folder}) and building it needs the export "
-            "tools: pip install 'ortgen[export]', then run `ortgen export --default`"
-        )
-    from .export import print_progress
-    from .export.default_model import build_default_model
-
-    return build_default_model(folder.parent, progress=print_progress)

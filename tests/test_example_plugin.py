@@ -64,6 +64,14 @@ result = {
     "bad_value": error(logits_processors=[{"name": "ban_tokens", "token_ids": [256]}]),
     "bad_param": error(logits_processors=[{"name": "ban_tokens", "tokens": [3]}]),
 }
+# a pipeline file selects the third-party component by name, and names the model
+import pathlib, tempfile
+toml = pathlib.Path(tempfile.mkdtemp()) / "ban.toml"
+toml.write_text(
+    f"model = {json.dumps(folder)}\n[generation]\nmax_new_tokens = {new}\n"
+    f"[[logits_processors]]\nname = \"ban_tokens\"\ntoken_ids = {first}\n"
+)
+result["pipeline"] = ortgen.load(pipeline=toml).generate(prompts).tokens
 disabled = ortgen.load(folder, disable_plugins=["example"])
 result["disabled_names"] = disabled.registry.names("logits_processor")
 print(json.dumps(result))
@@ -169,3 +177,8 @@ def test_bad_parameters_are_config_errors_naming_the_component(results: dict[str
         "ConfigError: logits_processor 'ban_tokens': unexpected 'tokens' (did you mean "
         "'token_ids'?); accepts token_ids; needs token_ids"
     )
+
+
+def test_a_pipeline_file_selects_the_third_party_component(results: dict[str, Any]) -> None:
+    assert results["pipeline"] == results["ban"]["tokens"]
+    assert results["pipeline"] != results["base"]["tokens"]

@@ -1,0 +1,250 @@
+"""Pipeline files: a TOML file that is the "pipeline" layer of the generation config.
+
+```toml
+model = "exported_models/smollm2-135m-instruct"   # optional: the default model otherwise
+
+[generation]          # any generation setting (docs/config.md)
+max_new_tokens = 64
+temperature = 0.7
+do_sample = true
+
+[sampler]             # and [cache]: one component, name = "..." plus its parameters
+name = "multinomial"
+
+[[logits_processors]] # and [[stopping_criteria]]: a list of components, in order
+name = "top_p"
+top_p = 0.9
+
+[plugins]
+disable = ["example"] # plugins not to load
+
+[run]                 # options of `ortgen run`
+batch_size = 8
+```
+
+The file is read and checked when it is loaded, and every problem is reported at once
+with its location (``logits_processors[2] (top_p): unexpected 'k'; accepts top_p,
+min_tokens_to_keep``). Components come only from registered plugins: a pipeline file
+names components, it cannot import modules.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .config import FIELDS, IGNORED_HF_FIELDS, UNSUPPORTED_HF_FIELDS, resolve
+from .errors import ConfigError
+from .registry import did_you_mean
+
+__all__ = ["Pipeline", "RunOptions", "load_pipeline"]
+
+#: Component tables: TOML key -> (registry kind, one component or a list)
+_COMPONENTS = {
+    "sampler": ("sampler", False),
+    "cache": ("kv_cache", False),
+    "logits_processors": ("logits_processor", True),
+    "stopping_criteria": ("stopping_criterion", True),
+}
+_TOP_LEVEL = ("model", "generation", "plugins", "run", *_COMPONENTS)
+_RUN_DEFAULTS: dict[str, Any] = {"batch_size": 8, "engine": "local", "window": 256}
+ENGINES = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """``[run]``: how ``ortgen run`` works through an input file."""
+
+    batch_size: int = 8  # rows per generate call
+    engine: str = "local"  # "local" or "ray"
+    window: int = 256  # rows read ahead and sorted by length, for less padding
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A checked pipeline file: the model, the pipeline config layer, plugins, run options."""
+
+    path: Path | None = None
+    model: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)  # the "pipeline" layer
+    disable_plugins: tuple[str, ...] = ()
+    run: RunOptions = field(default_factory=RunOptions)
+
+    def model_path(self) -> Path | None:
+        """``model``, relative to the pipeline file's folder when it is not absolute and
+        does not exist from the current directory."""
+        if self.model is None:
+            return None
+        candidate = Path(self.model).expanduser()
+        if candidate.is_absolute() or candidate.exists() or self.path is None:
+            return candidate
+        beside = self.path.parent / candidate
+        return beside if beside.exists() else candidate
+
+
+def load_pipeline(source: str | Path | Mapping[str, Any]) -> Pipeline:
+    """Read and check a pipeline file (or an already parsed mapping); one ConfigError
+    lists every problem with its location."""
+    path: Path | None = None
+    if isinstance(source, Mapping):
+        data: Mapping[str, Any] = source
+        where = "pipeline"
+    else:
+        path = Path(source)
+        where = str(path)
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"pipeline file {path} does not exist") from None
+        except OSError as exc:
+            raise ConfigError(f"cannot read pipeline file {path}: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not UTF-8 text: {exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: TOML syntax error: {exc}") from None
+    problems: list[str] = []
+    pipeline = _check(data, path, problems)
+    if problems:
+        head = f"invalid pipeline {where}"
+        if len(problems) == 1:
+            raise ConfigError(f"{head}: {problems[0]}")
+        raise ConfigError(head + ":\n" + "\n".join(f"  - {p}" for p in problems))
+    return pipeline
+
+
+def _check(data: Mapping[str, Any], path: Path | None, problems: list[str]) -> Pipeline:
+    for key in data:
+        if key not in _TOP_LEVEL:
+            hint = did_you_mean(key, list(_TOP_LEVEL))
+            if key in FIELDS:
+                hint = f" (generation settings go under [generation]: [generation] {key} = ...)"
+            problems.append(f"unknown key {key!r}{hint}; a pipeline has {', '.join(_TOP_LEVEL)}")
+    model = data.get("model")
+    if model is not None and not (isinstance(model, str) and model):
+        problems.append(f"model must be a folder path (a string), got {model!r}")
+    settings = _generation(data.get("generation", {}), problems)
+    disable = _plugins(data.get("plugins", {}), problems)
+    for key, (kind, many) in _COMPONENTS.items():
+        if key in data:
+            spec = _components(key, kind, many, data[key], problems)
+            if spec is not None:
+                settings[key] = spec
+    run = _run(data.get("run", {}), problems)
+    if not problems:
+        try:  # the values, checked exactly as the config layer will check them
+            resolve([("pipeline", settings)])
+        except ConfigError as exc:
+            problems.extend(_relocate(str(exc)))
+    if not problems:
+        _check_components(settings, disable, problems)
+    return Pipeline(path, model, settings, disable, run)
+
+
+def _generation(table: Any, problems: list[str]) -> dict[str, Any]:
+    if not isinstance(table, Mapping):
+        problems.append(f"[generation] must be a table of settings, got {table!r}")
+        return {}
+    out = {}
+    for key, value in table.items():
+        if key in _COMPONENTS:
+            problems.append(
+                f"[generation] {key}: components are tables of their own "
+                f"({'[[' + key + ']]' if _COMPONENTS[key][1] else '[' + key + ']'} name = ...)"
+            )
+        elif key in FIELDS or key in IGNORED_HF_FIELDS or key in UNSUPPORTED_HF_FIELDS:
+            out[key] = value
+        else:
+            problems.append(f"[generation] {key}: unknown setting{did_you_mean(key, list(FIELDS))}")
+    return out
+
+
+def _plugins(table: Any, problems: list[str]) -> tuple[str, ...]:
+    if not isinstance(table, Mapping):
+        problems.append(f"[plugins] must be a table, got {table!r}")
+        return ()
+    for key in table:
+        if key != "disable":
+            problems.append(f"[plugins] {key}: unknown key{did_you_mean(key, ['disable'])}")
+    disable = table.get("disable", [])
+    if not isinstance(disable, list) or not all(isinstance(d, str) for d in disable):
+        problems.append(f"[plugins] disable must be a list of plugin names, got {disable!r}")
+        return ()
+    return tuple(disable)
+
+
+def _components(key: str, kind: str, many: bool, value: Any, problems: list[str]) -> Any:
+    items = value if many else [value]
+    if many and not isinstance(value, list):
+        problems.append(f"{key} must be an array of tables ([[{key}]] name = ...), got {value!r}")
+        return None
+    specs = []
+    for i, item in enumerate(items):
+        where = f"{key}[{i}]" if many else key
+        if isinstance(item, str) and item:
+            item = {"name": item}
+        if not isinstance(item, Mapping) or not isinstance(item.get("name"), str):
+            problems.append(f'{where}: a {kind} needs name = "..." (and its parameters)')
+            continue
+        specs.append(dict(item))
+    return specs if many else (specs[0] if specs else None)
+
+
+def _run(table: Any, problems: list[str]) -> RunOptions:
+    if not isinstance(table, Mapping):
+        problems.append(f"[run] must be a table, got {table!r}")
+        return RunOptions()
+    values = dict(_RUN_DEFAULTS)
+    for key, value in table.items():
+        if key not in _RUN_DEFAULTS:
+            problems.append(f"[run] {key}: unknown option{did_you_mean(key, list(_RUN_DEFAULTS))}")
+            continue
+        values[key] = value
+    for key in ("batch_size", "window"):
+        value = values[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            problems.append(f"[run] {key} must be an integer >= 1, got {value!r}")
+            values[key] = _RUN_DEFAULTS[key]
+    if values["engine"] not in ENGINES:
+        problems.append(
+            f"[run] engine must be one of {', '.join(ENGINES)}, got {values['engine']!r}"
+        )
+        values["engine"] = "local"
+    return RunOptions(**values)
+
+
+def _relocate(message: str) -> list[str]:
+    """resolve()'s problems, each placed under [generation] (or its component table)."""
+    body = message.removeprefix("invalid generation config:").strip()
+    lines = [line.strip().removeprefix("- ") for line in body.splitlines() if line.strip()]
+    out = []
+    for line in lines:
+        key = line.split(" ", 1)[0].split("=", 1)[0]
+        table = key if key in _COMPONENTS else "generation"
+        out.append(f"[{table}] {line}" if key in FIELDS else line)
+    return out
+
+
+def _check_components(
+    settings: Mapping[str, Any], disable: tuple[str, ...], problems: list[str]
+) -> None:
+    """Each named component exists among the registered plugins and takes its parameters."""
+    from .plugin_manager import build_registry, make_plugin_manager
+
+    try:
+        registry = build_registry(make_plugin_manager(disable=disable))
+    except Exception as exc:  # a broken plugin: say so, with the rest
+        problems.append(f"plugins could not be loaded: {exc}")
+        return
+    for key, (kind, many) in _COMPONENTS.items():
+        if key not in settings:
+            continue
+        specs = settings[key] if many else [settings[key]]
+        for i, spec in enumerate(specs):
+            name = spec["name"]
+            params = {k: v for k, v in spec.items() if k != "name"}
+            where = f"{key}[{i}] ({name})" if many else f"{key} ({name})"
+            for problem in registry.problems(kind, name, params):
+                problems.append(f"{where}: {problem}")

@@ -1,0 +1,133 @@
+"""Pipeline files: the pipeline layer of the config as a TOML file, checked at load with
+every problem and its location in one error."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import ortgen
+from ortgen.pipeline import load_pipeline
+
+PROMPT = [5, 17, 42, 99]
+
+GOOD = """
+[generation]
+max_new_tokens = 6
+do_sample = true
+seed = 3
+temperature = 0.8
+eos_token_id = []
+
+[sampler]
+name = "multinomial"
+
+[[logits_processors]]
+name = "top_k"
+top_k = 20
+
+[run]
+batch_size = 4
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "p.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+def test_a_pipeline_file_is_the_pipeline_layer(tiny_llama_gen, tmp_path):
+    path = write(tmp_path, GOOD.replace("eos_token_id = []\n", ""))
+    pipeline = load_pipeline(path)
+    assert pipeline.run.batch_size == 4 and pipeline.settings["max_new_tokens"] == 6
+    by_file = tiny_llama_gen.generate(PROMPT, pipeline=path, eos_token_id=None)
+    settings = dict(max_new_tokens=6, do_sample=True, seed=3, temperature=0.8)
+    by_call = tiny_llama_gen.generate(
+        PROMPT, eos_token_id=None, logits_processors=[{"name": "top_k", "top_k": 20}], **settings
+    )
+    assert by_file.tokens == by_call.tokens
+    resolved = tiny_llama_gen.resolve_config({"seed": 4}, pipeline=path)
+    sources = {name: layer for name, _, layer in resolved.describe()}
+    assert sources["temperature"] == "pipeline" and sources["seed"] == "call"
+
+
+def test_load_with_a_pipeline_takes_its_model_and_layer(tiny_model_dirs, tmp_path):
+    onnx_dir = tiny_model_dirs["llama"][1]
+    path = write(tmp_path, f'model = "{onnx_dir}"\n' + GOOD.replace("eos_token_id = []\n", ""))
+    gen = ortgen.load(pipeline=path, threads=1)
+    assert gen.path == onnx_dir
+    alone = gen.generate(PROMPT, eos_token_id=None)
+    assert alone.tokens == gen.generate(PROMPT, pipeline=path, eos_token_id=None).tokens
+    assert len(alone.tokens[0]) == 6
+
+
+TWO_PROCESSORS = """
+[[logits_processors]]
+name = 'top_k'
+top_k = 5
+[[logits_processors]]
+name = 'top_p'
+k = 1
+"""
+CASES = [
+    ("[generation\nx = 1\n", [r"TOML syntax error: .*line 1"]),
+    ("temperature = 0.5\n", [r"unknown key 'temperature' \(generation settings go under"]),
+    ("modle = 'x'\n", [r"unknown key 'modle' \(did you mean 'model'\?\)"]),
+    (
+        "[generation]\ntempreature = 0.5\n",
+        [r"\[generation\] tempreature: unknown setting \(did you mean 'temperature'\?\)"],
+    ),
+    ("[generation]\ntop_p = 2.0\n", [r"\[generation\] top_p must be in \[0, 1\], got 2.0"]),
+    ("[generation]\npenalty_alpha = 0.5\n", [r"penalty_alpha=0.5 \(pipeline\): contrastive"]),
+    (
+        TWO_PROCESSORS,
+        [r"logits_processors\[1\] \(top_p\): unexpected 'k'; accepts top_p, min_tokens_to_keep"],
+    ),
+    (
+        "[[logits_processors]]\nname = 'top_kk'\n",
+        [r"logits_processors\[0\] \(top_kk\): unknown logits_processor 'top_kk' \(did you"],
+    ),
+    (
+        "[[logits_processors]]\ntop_k = 3\n",
+        [r'logits_processors\[0\]: a logits_processor needs name = "..."'],
+    ),
+    ("[sampler]\nname = 'greedy'\nseed = 1\n", [r"sampler \(greedy\): unexpected 'seed'"]),
+    (
+        "[run]\nbatch_size = 0\nengine = 'spark'\n",
+        [r"\[run\] batch_size must be an integer >= 1", r"\[run\] engine must be one of local"],
+    ),
+    ("[plugins]\ndisable = 'example'\n", [r"\[plugins\] disable must be a list"]),
+    ("[run]\nbatch = 3\n", [r"\[run\] batch: unknown option \(did you mean 'batch_size'\?\)"]),
+    (
+        "[generation]\ntop_k = -1\ntop_p = 3\n",
+        [r"\[generation\] top_k must be >= 0", r"\[generation\] top_p must be in"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "messages"), CASES)
+def test_every_problem_is_reported_with_its_location(tmp_path, text, messages):
+    path = write(tmp_path, text)
+    with pytest.raises(ortgen.ConfigError) as caught:
+        load_pipeline(path)
+    message = str(caught.value)
+    assert str(path) in message
+    for expected in messages:
+        assert re.search(expected, message), (expected, message)
+
+
+def test_several_problems_come_in_one_error(tmp_path):
+    text = "modle = 1\n[generation]\ntempreature = 1\n[run]\nengine = 'x'\n"
+    with pytest.raises(ortgen.ConfigError) as caught:
+        load_pipeline(write(tmp_path, text))
+    lines = str(caught.value).splitlines()
+    assert len(lines) == 4 and lines[0].startswith("invalid pipeline")
+
+
+def test_a_missing_pipeline_file_is_named(tmp_path):
+    with pytest.raises(ortgen.ConfigError, match="does not exist"):
+        load_pipeline(tmp_path / "nope.toml")
