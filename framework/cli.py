@@ -25,9 +25,19 @@ SAMPLING_FLAGS = (
 )
 
 
-def _add_model_flags(parser: argparse.ArgumentParser) -> None:
+def _add_model_flags(parser: argparse.ArgumentParser, *, pipeline: bool = True) -> None:
     parser.add_argument("-m", "--model", help="exported model folder (default: the built-in model)")
     parser.add_argument("--threads", type=int, help="onnxruntime intra-op threads (default: cores)")
+    if pipeline:
+        _add_pipeline_flag(parser)
+
+
+def _add_pipeline_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--pipeline",
+        metavar="FILE",
+        help="pipeline file (TOML): the pipeline layer of the config, its model and plugins",
+    )
 
 
 def _add_generation_flags(parser: argparse.ArgumentParser, *, length: bool = True) -> None:
@@ -76,7 +86,7 @@ def _key_value(item: str, error: str) -> tuple[str, Any]:
 def _load(args: argparse.Namespace):
     from .api import load
 
-    return load(args.model, threads=args.threads)
+    return load(args.model, threads=args.threads, pipeline=getattr(args, "pipeline", None))
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -247,11 +257,18 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 def cmd_config_show(args: argparse.Namespace) -> int:
     from . import config as config_mod
     from .paths import default_model_dir
+    from .pipeline import load_pipeline
 
-    folder = Path(args.model) if args.model else default_model_dir()
+    pipeline = load_pipeline(args.pipeline) if args.pipeline else None
+    model = args.model or (pipeline.model_path() if pipeline else None)
+    folder = Path(model) if model else default_model_dir()
     if not (folder / "config.json").is_file():
         raise OrtgenError(f"{folder} is not a model folder (it has no config.json)")
-    layers = [*config_mod.model_layers(folder), ("call", _settings(args))]
+    layers = [
+        *config_mod.model_layers(folder),
+        ("pipeline", pipeline.settings if pipeline else {}),
+        ("call", _settings(args)),
+    ]
     resolved = config_mod.resolve(layers)
     if args.json:
         print(
@@ -322,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("bench", help="measure speed, memory and output quality of a model")
-    _add_model_flags(p)
+    _add_model_flags(p, pipeline=False)
     p.set_defaults(threads=1)
     p.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     p.add_argument("--prompt-tokens", type=int, default=38, help="prompt length (default 38)")
@@ -345,6 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
         "show", help="print the resolved config and which layer set each value"
     )
     p.add_argument("-m", "--model", help="exported model folder (default: the built-in model)")
+    _add_pipeline_flag(p)
     p.add_argument("--json", action="store_true")
     _add_generation_flags(p)
     p.set_defaults(func=cmd_config_show)

@@ -131,3 +131,20 @@ def test_several_problems_come_in_one_error(tmp_path):
 def test_a_missing_pipeline_file_is_named(tmp_path):
     with pytest.raises(ortgen.ConfigError, match="does not exist"):
         load_pipeline(tmp_path / "nope.toml")
+
+
+def test_cli_takes_a_pipeline_file(tiny_model_dirs, tmp_path, capsys):
+    """``ortgen config show --pipeline`` shows the layer; ``generate --pipeline`` uses the
+    file's model (the tiny model has no tokenizer, so generate says it needs one)."""
+    from ortgen.cli import main
+
+    onnx_dir = tiny_model_dirs["llama"][1]
+    path = write(tmp_path, f'model = "{onnx_dir}"\n[generation]\ntop_k = 7\n')
+    assert main(["config", "show", "--pipeline", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert any(line.split()[:3] == ["top_k", "7", "pipeline"] for line in out.splitlines())
+    assert main(["generate", "Hi", "--pipeline", str(path)]) == 2
+    assert "needs a tokenizer" in capsys.readouterr().err
+    bad = write(tmp_path, "[generation]\ntop_k = -1\n", "bad.toml")
+    assert main(["config", "show", "--pipeline", str(bad)]) == 2
+    assert "[generation] top_k must be >= 0" in capsys.readouterr().err
