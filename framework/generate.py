@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .chain import Chain
+from .component_checks import check_ids, check_not_nan, check_scores, check_stop
 from .errors import ComponentError, InputError
 from .model import ExportedModel
 from .step_record import StepRecord
@@ -193,12 +194,12 @@ class Generation:
         shape = scores.shape
         for name, processor in chain.processors:
             scores = self._call("logits processor", name, processor, input_ids, scores)
-            _check_scores(name, scores, shape, self.steps)
+            check_scores(name, scores, shape, self.steps)
         if chain.processors:  # raw model logits go straight to the sampler, which checks
-            _check_not_nan(scores, chain, self.steps)
+            check_not_nan(scores, chain, self.steps)
         sampler_name, sampler = chain.sampler
         next_ids = self._call("sampler", sampler_name, sampler, input_ids, scores)
-        return _check_ids(sampler_name, next_ids, shape[0], shape[1], self.steps), scores
+        return check_ids(sampler_name, next_ids, shape[0], shape[1], self.steps), scores
 
     def finish(self, row: int, reason: str) -> None:
         """Mark ``row`` finished from outside the chain (e.g. a stop string in its text)."""
@@ -349,7 +350,7 @@ class Generation:
             )
             for name, criterion in chain.stopping:
                 done = self._call("stopping criterion", name, criterion, ids, group_scores)
-                done = _check_stop(name, done, ids.shape[0], self.steps)
+                done = check_stop(name, done, ids.shape[0], self.steps)
                 newly = np.flatnonzero(done)
                 if rows is not None:
                     newly = rows[newly]
@@ -440,52 +441,3 @@ def _group_rows(
         groups.setdefault(id(row_chain), []).append(row)
         chains[id(row_chain)] = row_chain
     return [(np.asarray(rows), chains[key]) for key, rows in groups.items()]
-
-
-def _check_scores(name: str, scores: object, shape: tuple[int, ...], step: int) -> None:
-    if not isinstance(scores, np.ndarray) or scores.shape != shape:
-        got = getattr(scores, "shape", type(scores).__name__)
-        raise ComponentError(
-            f"logits processor {name!r} returned {got} at step {step}; expected a float "
-            f"array of shape {shape}"
-        )
-    if scores.dtype.kind != "f":
-        raise ComponentError(
-            f"logits processor {name!r} returned {scores.dtype} scores at step {step}; "
-            "expected floats"
-        )
-
-
-def _check_not_nan(scores: np.ndarray, chain: Chain, step: int) -> None:
-    """A row of all-NaN scores cannot be sampled from: name who produced it."""
-    bad = np.isnan(scores).all(axis=1)
-    if bad.any():
-        names = [n for n, _ in chain.processors]
-        raise ComponentError(
-            f"scores of row {int(np.flatnonzero(bad)[0])} are NaN everywhere at step {step} "
-            f"after {' -> '.join(names)}"
-        )
-
-
-def _check_ids(name: str, ids: object, batch: int, vocab: int, step: int) -> np.ndarray:
-    array = np.asarray(ids)
-    if array.shape != (batch,) or array.dtype.kind not in "iu":
-        raise ComponentError(
-            f"sampler {name!r} returned {array.dtype} {array.shape} at step {step}; expected "
-            f"integer token ids of shape ({batch},)"
-        )
-    if array.size and (array.min() < 0 or array.max() >= vocab):
-        raise ComponentError(
-            f"sampler {name!r} returned a token id outside [0, {vocab}) at step {step}"
-        )
-    return array.astype(np.int64, copy=False)
-
-
-def _check_stop(name: str, done: object, batch: int, step: int) -> np.ndarray:
-    array = np.asarray(done)
-    if array.shape != (batch,) or array.dtype != bool:
-        raise ComponentError(
-            f"stopping criterion {name!r} returned {array.dtype} {array.shape} at step {step}; "
-            f"expected bool ({batch},)"
-        )
-    return array

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from .component_checks import check_ids, check_scores, check_stop
 from .config import GenerationConfig
 from .errors import ComponentError
-from .generate import _check_ids, _check_scores, _check_stop
 from .protocols import GenerationContext, LogitsProcessor, Sampler, StoppingCriterion
 
 
@@ -63,7 +63,7 @@ def check_logits_processor(
 ) -> np.ndarray:
     """Call ``processor`` once and check the contract: (B, V) floats out, inputs untouched."""
     input_ids, scores, out = _call(processor, input_ids, scores)
-    _check_scores(_name(processor), out, scores.shape, step=0)
+    check_scores(_name(processor), out, scores.shape, step=0)
     return out
 
 
@@ -72,7 +72,7 @@ def check_sampler(
 ) -> np.ndarray:
     """Call ``sampler`` once and check it returns one valid token id per row."""
     input_ids, scores, out = _call(sampler, input_ids, scores)
-    return _check_ids(_name(sampler), out, scores.shape[0], scores.shape[1], step=0)
+    return check_ids(_name(sampler), out, scores.shape[0], scores.shape[1], step=0)
 
 
 def check_stopping_criterion(
@@ -82,7 +82,7 @@ def check_stopping_criterion(
 ) -> np.ndarray:
     """Call ``criterion`` once and check it returns one bool per row."""
     input_ids, scores, out = _call(criterion, input_ids, scores)
-    return _check_stop(_name(criterion), out, scores.shape[0], step=0)
+    return check_stop(_name(criterion), out, scores.shape[0], step=0)
 
 
 def _call(

@@ -1,0 +1,63 @@
+"""What the loop checks about each component's answer, named after the component and the
+step, so a plugin's mistake is a clear ``ComponentError`` and not a crash deep in numpy.
+``ortgen.testing`` runs the same checks for plugin authors."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .errors import ComponentError
+
+if TYPE_CHECKING:
+    from .chain import Chain
+
+
+def check_scores(name: str, scores: object, shape: tuple[int, ...], step: int) -> None:
+    if not isinstance(scores, np.ndarray) or scores.shape != shape:
+        got = getattr(scores, "shape", type(scores).__name__)
+        raise ComponentError(
+            f"logits processor {name!r} returned {got} at step {step}; expected a float "
+            f"array of shape {shape}"
+        )
+    if scores.dtype.kind != "f":
+        raise ComponentError(
+            f"logits processor {name!r} returned {scores.dtype} scores at step {step}; "
+            "expected floats"
+        )
+
+
+def check_not_nan(scores: np.ndarray, chain: Chain, step: int) -> None:
+    """A row of all-NaN scores cannot be sampled from: name who produced it."""
+    bad = np.isnan(scores).all(axis=1)
+    if bad.any():
+        names = [n for n, _ in chain.processors]
+        raise ComponentError(
+            f"scores of row {int(np.flatnonzero(bad)[0])} are NaN everywhere at step {step} "
+            f"after {' -> '.join(names)}"
+        )
+
+
+def check_ids(name: str, ids: object, batch: int, vocab: int, step: int) -> np.ndarray:
+    array = np.asarray(ids)
+    if array.shape != (batch,) or array.dtype.kind not in "iu":
+        raise ComponentError(
+            f"sampler {name!r} returned {array.dtype} {array.shape} at step {step}; expected "
+            f"integer token ids of shape ({batch},)"
+        )
+    if array.size and (array.min() < 0 or array.max() >= vocab):
+        raise ComponentError(
+            f"sampler {name!r} returned a token id outside [0, {vocab}) at step {step}"
+        )
+    return array.astype(np.int64, copy=False)
+
+
+def check_stop(name: str, done: object, batch: int, step: int) -> np.ndarray:
+    array = np.asarray(done)
+    if array.shape != (batch,) or array.dtype != bool:
+        raise ComponentError(
+            f"stopping criterion {name!r} returned {array.dtype} {array.shape} at step {step}; "
+            f"expected bool ({batch},)"
+        )
+    return array
