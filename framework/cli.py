@@ -14,6 +14,7 @@ from typing import Any
 
 from .errors import OrtgenError
 from .export.variant import GRAPHS, PRECISIONS
+from .pipeline import ENGINES
 from .registry import did_you_mean
 
 SAMPLING_FLAGS = (
@@ -280,6 +281,53 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    """A batch job over an input file; the flags win over the pipeline's [run] options.
+    Everything that can be checked without the model is checked before it loads."""
+    from .jobs import ENGINE_NOT_READY, run_job
+    from .pipeline import load_pipeline
+
+    pipeline = load_pipeline(args.pipeline)
+    settings = _settings(args)
+    batch_size = pipeline.run.batch_size if args.batch_size is None else args.batch_size
+    if batch_size < 1:
+        raise OrtgenError(f"--batch-size must be at least 1, got {batch_size}")
+    engine = args.engine or pipeline.run.engine
+    if args.dry_run:
+        from .jobs.dry_run import dry_run
+
+        lines, good = dry_run(pipeline, args.input, settings, model=args.model, engine=engine)
+        print("\n".join(lines))
+        return 0 if good else 2
+    if engine == "ray":
+        raise OrtgenError(ENGINE_NOT_READY)
+    if not args.output:
+        raise OrtgenError("ortgen run needs --output FILE (only --dry-run runs without one)")
+    if not Path(args.input).is_file():  # before the model loads, not after
+        raise OrtgenError(f"input file {args.input} does not exist")
+    from .api import load
+
+    gen = load(args.model, pipeline=pipeline, threads=args.threads)
+    try:
+        run_job(
+            gen,
+            args.input,
+            args.output,
+            batch_size=batch_size,
+            window=pipeline.run.window,
+            settings=settings,
+            progress=sys.stderr,
+        )
+    except KeyboardInterrupt:
+        print(
+            "\nortgen: interrupted; the rows done are in the output: run the same command "
+            "again to continue",
+            file=sys.stderr,
+        )
+        return 130
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, with a did-you-mean for a misspelt flag (``--temprature``)."""
 
@@ -351,6 +399,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-quality", action="store_true", help="skip perplexity and agreement")
     _add_generation_flags(p, length=False)  # --new-tokens sets the length
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("run", help="run a pipeline over a file of requests (JSONL or Parquet)")
+    p.add_argument("pipeline", metavar="PIPELINE", help="pipeline file (TOML)")
+    p.add_argument("--input", required=True, metavar="FILE", help="rows: JSONL or .parquet")
+    p.add_argument("--output", metavar="FILE", help="results: JSONL or .parquet (resumed)")
+    p.add_argument("--batch-size", type=int, help="rows per generate call (default: [run])")
+    p.add_argument("--engine", choices=ENGINES, help="where rows run (default: [run] engine)")
+    p.add_argument("--dry-run", action="store_true", help="check pipeline and rows; no model")
+    _add_model_flags(p, pipeline=False)
+    _add_generation_flags(p)
+    p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("plugins", help="list registered components and their plugins")
     p.add_argument("--json", action="store_true")

@@ -1,0 +1,38 @@
+"""Batch jobs (``ortgen run``): a file of requests in, one result line per row out.
+
+- ``rows``: reading and checking input rows (JSONL, or Parquet with pyarrow);
+- ``check``: counting rows, bad rows and duplicate ids without generating;
+- ``dry_run``: ``ortgen run --dry-run``, the pipeline and the rows checked, no model;
+- ``results``: the append-only output that a killed job resumes from;
+- ``runner``: batching, sorting by length, retrying a failed batch row by row;
+- ``progress``: the live line on a terminal and the summary.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .check import InputReport, scan_rows
+from .progress import JobSummary
+from .rows import InputRow, RowChecker, SettingsCheck, read_rows
+from .runner import ENGINE_NOT_READY, run_job
+
+__all__ = [
+    "ENGINE_NOT_READY",
+    "InputReport",
+    "InputRow",
+    "JobSummary",
+    "RowChecker",
+    "check_input",
+    "read_rows",
+    "run_job",
+    "scan_rows",
+]
+
+
+def check_input(path: str | Path, check_settings: SettingsCheck | None = None) -> InputReport:
+    """Read every row of ``path`` without generating.
+
+    ``check_settings(own)`` raises ConfigError for a row's bad settings (for example the
+    pipeline's config resolved with them), so they are reported with the row."""
+    return scan_rows(read_rows(path, RowChecker(check_settings)))

@@ -1,0 +1,53 @@
+"""``ortgen run --dry-run``: check a job without loading the model.
+
+The pipeline is checked by loading it; the job's settings and each row's own settings
+are resolved over the pipeline layer exactly as a request would resolve them (the
+model's own config files are left out: reading them is cheap, but the point is to check
+a job before the model is even there); every bad row is listed with its line number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .. import config as config_mod
+from ..pipeline import Pipeline
+from . import check_input
+from .runner import ENGINE_NOT_READY
+
+__all__ = ["dry_run"]
+
+
+def dry_run(
+    pipeline: Pipeline,
+    input_path: str | Path,
+    settings: Mapping[str, Any],
+    *,
+    model: str | Path | None = None,
+    engine: str = "local",
+) -> tuple[list[str], bool]:
+    """The report's lines, and whether everything is good. Raises ConfigError when the
+    job's own settings are bad (no row could run)."""
+    layers = [("pipeline", pipeline.settings)]
+    config_mod.resolve([*layers, ("call", dict(settings))])
+
+    def check_settings(own: dict[str, Any]) -> None:
+        config_mod.resolve([*layers, ("call", {**settings, **own})])
+
+    problems = []
+    if engine == "ray":
+        problems.append(ENGINE_NOT_READY)
+    model = model or pipeline.model_path()
+    if model is not None and not (Path(model) / "config.json").is_file():
+        problems.append(f"model {model} is not a model folder (it has no config.json)")
+    report = check_input(input_path, check_settings)
+    where = pipeline.path or "pipeline"
+    bad = report.problems
+    lines = [
+        f"pipeline {where}: {'; '.join(problems) or 'ok'}",
+        f"input {input_path}: {report.rows} rows, {len(bad) or 'none'} bad",
+        *(f"  {at}: {why}" for at, why in bad),
+    ]
+    return lines, not (problems or bad)

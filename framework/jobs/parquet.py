@@ -1,0 +1,89 @@
+"""Parquet in and out, through pyarrow (optional: JSONL needs nothing).
+
+Results are kept as JSONL while the job runs (append-only, so a kill loses nothing)
+and become a Parquet file only at the end; see ``results.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError, OrtgenError
+
+__all__ = [
+    "read_parquet_results",
+    "read_parquet_rows",
+    "require_pyarrow",
+    "write_parquet_results",
+]
+
+_BATCH_ROWS = 1024  # rows decoded at a time: a large file streams
+
+
+def require_pyarrow() -> tuple[Any, Any]:
+    """pyarrow's modules, or an error that says how to get them."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise OrtgenError(
+            "Parquet files need pyarrow, which is not installed: pip install pyarrow "
+            "(or use JSONL: one JSON object per line)"
+        ) from None
+    return pa, pq
+
+
+def read_parquet_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(1-based row number, row) for each row. A null cell is a column this row does not
+    set (Parquet has one schema for every row), so it is left out of the row."""
+    _, pq = require_pyarrow()
+    try:
+        source = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises its own types for a file that is not Parquet
+        raise InputError(f"{path} is not a readable Parquet file: {exc}") from None
+    number = 0
+    for batch in source.iter_batches(batch_size=_BATCH_ROWS):
+        for row in batch.to_pylist():
+            number += 1
+            yield number, {k: v for k, v in row.items() if v is not None}
+
+
+def read_parquet_results(path: Path) -> list[dict[str, Any]]:
+    """A finished job's Parquet output, as the result lines it was made from."""
+    _, pq = require_pyarrow()
+    out = []
+    for row in pq.read_table(path).to_pylist():
+        if row.get("error") is not None:
+            out.append({"id": row["id"], "error": row["error"]})
+        else:
+            out.append({k: v for k, v in row.items() if k != "error"})
+    return out
+
+
+def write_parquet_results(records: list[dict[str, Any]], path: Path) -> None:
+    """Write ``records`` (result lines) as one Parquet table, atomically: a kill leaves
+    either the old file or the new one. Ids of mixed types are stored as text."""
+    pa, pq = require_pyarrow()
+    ids = [r["id"] for r in records]
+    if len({type(i) for i in ids}) > 1:
+        ids = [str(i) for i in ids]
+    usage = pa.struct([("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64())])
+    id_type = pa.int64() if ids and isinstance(ids[0], int) else pa.string()
+    table = pa.table(
+        {
+            "id": pa.array(ids, type=id_type),
+            "text": pa.array([r.get("text") for r in records], type=pa.string()),
+            "tokens": pa.array([r.get("tokens") for r in records], type=pa.list_(pa.int64())),
+            "finish_reason": pa.array([r.get("finish_reason") for r in records], pa.string()),
+            "usage": pa.array([r.get("usage") for r in records], type=usage),
+            "error": pa.array([r.get("error") for r in records], type=pa.string()),
+        }
+    )
+    partial = path.with_name(path.name + ".tmp")
+    pq.write_table(table, partial)
+    with open(partial, "rb") as written:
+        os.fsync(written.fileno())
+    os.replace(partial, path)

@@ -1,0 +1,179 @@
+"""``run_job``: a file of requests through one loaded model, batch by batch.
+
+Rows are read ``window`` at a time, sorted by prompt length within the window (rows of
+one batch then need little padding) and generated ``batch_size`` at a time with the
+API's own per-row shape. A bad row or a failing request becomes an error line and the
+job goes on; when a whole batch fails, its rows are retried one by one, so only the
+row that fails is reported. Finished rows are appended as they complete (see
+``results.py``), so a killed job picks up where it stopped.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
+
+from ..errors import ConfigError, InputError, OrtgenError
+from .check import scan_rows
+from .progress import JobSummary, Progress
+from .results import ResultLog, open_results
+from .rows import InputRow, RowChecker, id_key, read_rows
+
+if TYPE_CHECKING:
+    from ..api import TextGenerator
+
+__all__ = ["ENGINE_NOT_READY", "run_job"]
+
+ENGINE_NOT_READY = 'the ray engine is not available yet; use engine = "local"'
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class _Ready:
+    """A row whose prompt is encoded: it can join a batch."""
+
+    row: InputRow
+    ids: list[int]
+    own: dict[str, Any]  # the row's own settings
+
+
+def run_job(
+    gen: TextGenerator,
+    input_path: str | Path,
+    output_path: str | Path,
+    *,
+    batch_size: int = 8,
+    window: int = 256,
+    engine: str = "local",
+    settings: Mapping[str, Any] | None = None,
+    progress: TextIO | None = sys.stderr,
+) -> JobSummary:
+    """Generate for every row of ``input_path`` not already in ``output_path``.
+
+    ``settings`` are the job's call layer (a row's own settings win over them; the
+    generator's pipeline is the layer below). ``progress``: where the live line (only on
+    a terminal) and the summary go; None for silence. Raises before any row runs when
+    the job as a whole cannot work (bad settings, duplicate ids, unusable output).
+    """
+    if engine != "local":
+        raise ConfigError(ENGINE_NOT_READY if engine == "ray" else f"unknown engine {engine!r}")
+    for name, value in (("batch_size", batch_size), ("window", window)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+    settings = dict(settings or {})
+    if gen.resolve_config(settings).config.num_return_sequences != 1:
+        raise ConfigError("ortgen run writes one result per row; num_return_sequences must be 1")
+    report = scan_rows(read_rows(input_path, RowChecker()))
+    if report.duplicates:
+        listed = "\n".join(f"  - {where}: {why}" for where, why in report.duplicates[:10])
+        raise InputError(f"{input_path} has rows with the same id:\n{listed}")
+    results = open_results(output_path)
+    done = results.open()
+    try:
+        tracker = Progress(report.rows, len(report.ids & done), progress)
+        job = _Job(gen, settings, batch_size, results, tracker)
+        checker = RowChecker(job.check_settings)
+        for rows in _chunks(read_rows(input_path, checker), window):
+            job.run_window([row for row in rows if id_key(row.id) not in done])
+        results.finish()
+    finally:
+        results.close()
+    return tracker.finish()
+
+
+class _Job:
+    """The batching, retrying and writing of one ``run_job`` call."""
+
+    def __init__(
+        self,
+        gen: TextGenerator,
+        settings: dict[str, Any],
+        batch_size: int,
+        results: ResultLog,
+        progress: Progress,
+    ) -> None:
+        self.gen = gen
+        self.settings = settings
+        self.batch_size = batch_size
+        self.results = results
+        self.progress = progress
+
+    def check_settings(self, own: dict[str, Any]) -> None:
+        """A row's settings, resolved over the job's as its request will resolve them."""
+        self.gen.resolve_config({**self.settings, **own})
+
+    def run_window(self, rows: list[InputRow]) -> None:
+        ready: list[_Ready] = []
+        failed: list[dict[str, Any]] = []
+        for row in rows:
+            if row.error is not None:
+                failed.append(_error(row, row.error))
+                continue
+            try:
+                ids, own = self.gen.prompts.encode_row(row.request or {}, row.number)
+            except OrtgenError as exc:
+                failed.append(_error(row, _about_the_prompt(str(exc), row.number)))
+                continue
+            ready.append(_Ready(row, ids, own))
+        if failed:
+            self._write(failed)
+        ready.sort(key=lambda r: len(r.ids))  # stable: equal lengths keep file order
+        for batch in _chunks(ready, self.batch_size):
+            self._run_batch(batch)
+
+    def _run_batch(self, batch: list[_Ready]) -> None:
+        requests = [{"prompt": r.ids, **r.own} for r in batch]
+        try:
+            out = self.gen.generate(requests, **self.settings)
+        except Exception as exc:  # the job outlives any one request, whatever it raised
+            if len(batch) > 1:  # find the row that fails: the others still complete
+                for ready in batch:
+                    self._run_batch([ready])
+                return
+            message = str(exc) if isinstance(exc, OrtgenError) else f"{type(exc).__name__}: {exc}"
+            self._write([_error(batch[0].row, message)])
+            return
+        texts = out.text if isinstance(out.text, list) else [out.text] * len(batch)
+        self._write(
+            [
+                {
+                    "id": ready.row.id,
+                    "text": texts[i],
+                    "tokens": out.tokens[i],
+                    "finish_reason": out.finish_reasons[i],
+                    "usage": {
+                        "prompt_tokens": len(ready.ids),
+                        "completion_tokens": len(out.tokens[i]),
+                    },
+                }
+                for i, ready in enumerate(batch)
+            ]
+        )
+
+    def _write(self, records: list[dict[str, Any]]) -> None:
+        self.results.append(records)
+        errors = sum("error" in r for r in records)
+        tokens = sum(r["usage"]["completion_tokens"] for r in records if "usage" in r)
+        self.progress.add(len(records) - errors, errors, tokens)
+
+
+def _error(row: InputRow, message: str) -> dict[str, Any]:
+    return {"id": row.id, "error": f"{row.where}: {message}"}
+
+
+def _about_the_prompt(message: str, number: int) -> str:
+    """The encoder names a prompt by its index in a call; in a job that is the row's
+    line, which the error line already gives."""
+    for tail in (" ", ":"):
+        message = message.replace(f"prompt {number}{tail}", f"the prompt{tail}", 1)
+    return message
+
+
+def _chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    it = iter(items)
+    while chunk := list(islice(it, size)):
+        yield chunk
