@@ -63,14 +63,18 @@ class RepetitionPenaltyProcessor:
         self.prompt_ignore_length = prompt_ignore_length
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        out = np.array(scores, dtype=np.float32)  # always a copy
+        out = np.array(scores, dtype=np.float32, order="C")  # always a copy
         if self.repetition_penalty == 1.0:
             return out
         ids = input_ids[:, self.prompt_ignore_length or 0 :]
-        rows = np.arange(ids.shape[0])[:, None]
-        seen = out[rows, ids]
+        batch, vocab = out.shape
+        # One index array into the flat scores: numpy's fast path for a single
+        # integer index, ~2x cheaper than out[rows, ids] with broadcast rows.
+        index = ids[0] if batch == 1 else ids + np.arange(0, batch * vocab, vocab)[:, None]
+        flat = out.reshape(-1)  # a view, as out is C-contiguous
+        seen = flat[index]
         penalty = self.repetition_penalty
-        out[rows, ids] = np.where(seen < 0, seen * penalty, seen / penalty)
+        flat[index] = np.where(seen < 0, seen * penalty, seen / penalty)
         return out
 
 

@@ -24,17 +24,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 import numpy as np
 
 from ortgen import ConfigError, hookimpl
 from ortgen.plugins._args import as_float, is_int
-from ortgen.plugins._numeric import count_prefix, pack_present
+from ortgen.plugins._numeric import count_prefix, pack_flat, pack_present
 
 _NEG_INF = np.float32(-np.inf)
 _NEG_INF_BITS = _NEG_INF.view(np.int32)
 # Candidate counts tried before falling back to a full sort of the vocabulary.
 _CANDIDATE_TIERS = (1024, 8192)
+# Columns whose maxima bound top-k's k-th value from below (see _top_k_few).
+_TOP_K_COLUMNS = 1024
 
 
 @hookimpl
@@ -94,6 +97,27 @@ def _tiers(vocab: int, minimum: int) -> list[int]:
     return [m for m in _CANDIDATE_TIERS if minimum <= m < vocab] + [vocab]
 
 
+def _row_max_checked(scores: np.ndarray) -> tuple[np.ndarray, bool]:
+    """Per-row max (B, 1) and whether every row has a softmax (see ``_row_max``).
+
+    The check runs on Python floats: after top-k a warper's numpy calls on the
+    few packed scores cost more than their arithmetic, and one row is the
+    usual batch.
+    """
+    top = scores.max(axis=-1, keepdims=True)  # NaN propagates
+    return top, all(map(math.isfinite, top.ravel().tolist()))
+
+
+def _errstate_unless(all_valid: bool) -> AbstractContextManager[object]:
+    """Silence overflow / invalid warnings unless every row is valid.
+
+    In a valid row ``scores - max`` is <= 0 and the softmax total >= 1, so
+    nothing can overflow or be invalid, and numpy's error state (~1 us to set
+    and restore) is left alone.
+    """
+    return nullcontext() if all_valid else np.errstate(over="ignore", invalid="ignore")
+
+
 def _row_max(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-row max (B, 1) and whether the row has a softmax at all.
 
@@ -104,14 +128,60 @@ def _row_max(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return top, np.isfinite(top[:, 0])
 
 
-def _on_present(scores: np.ndarray, cut: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-    """``cut(scores)``, computed on the scores that are not -inf when those are few.
+def _on_present(
+    scores: np.ndarray, cut: Callable[[np.ndarray], tuple[np.ndarray, bool]]
+) -> np.ndarray:
+    """``scores`` with ``-inf`` where ``cut`` removes, decided on the present scores when few.
 
-    A -inf score stays -inf whatever a cut-off decides (see ``pack_present``);
-    np.partition is also slow on many equal values, which packing avoids.
+    ``cut(scores)`` returns the ``remove`` mask and whether few scores are kept
+    (see ``_fill``). A -inf score stays -inf whatever a cut-off decides (see
+    ``pack_present``); np.partition is also slow on many equal values, which
+    packing avoids. The packed result is scattered straight into the output.
     """
     present = pack_present(scores)
-    return cut(scores) if present is None else present.unpack(cut(present.packed))
+    if present is None:
+        remove, few_kept = cut(scores)
+        return _fill(scores, remove, few_kept=few_kept)
+    return present.unpack_kept(cut(present.packed)[0])
+
+
+def _top_k_few(scores: np.ndarray, k: int) -> np.ndarray | None:
+    """Top-k for ``8 * k < vocab`` without partitioning whole rows; None if the rows do not suit.
+
+    Same result as partitioning the whole row for its k-th value (~50 us at
+    49152, most of top-k's cost), for about half as much. Each row is viewed as
+    a (w, m) matrix, ``m >= 4k`` columns (``_TOP_K_COLUMNS``, 1024): the column
+    maxima are scores at distinct positions, so the k-th highest of them,
+    ``floor``, has at least k scores >= it and is at most the row's k-th value.
+    Only scores not below ``floor`` can be kept (NaN included: np.partition
+    ranks it highest); on logits with k = 50 they are ~50 (a maximum of 48
+    scores is far out in the tail), so the k-th value is partitioned out of
+    them. Column maxima are a strided reduction over whole rows of the view,
+    ~4x cheaper than maxima of contiguous blocks, which numpy reduces one short
+    block at a time. (Comparing only the columns whose maximum reaches
+    ``floor`` reads less memory but takes more numpy calls, which cost more
+    here than a pass over the row.)
+
+    None when the candidates are over 1/8 of the scores (many equal scores, a
+    sorted row: the full partition is then cheaper) or a k-th value is NaN (HF
+    then keeps the whole row, the scores outside the candidates too).
+    """
+    batch, vocab = scores.shape
+    columns = min(max(_TOP_K_COLUMNS, 4 * k), vocab // 2)  # >= 4k, as 8k < vocab
+    rows = vocab // columns  # the tail past rows * columns is in no column, which is fine
+    maxima = scores[:, : rows * columns].reshape(batch, rows, columns).max(axis=1)
+    floor = np.partition(maxima, columns - k, axis=-1)[:, columns - k, None]
+    candidate = np.less(scores, floor)
+    np.logical_not(candidate, out=candidate)  # in place: NaN is a candidate
+    flat = candidate.reshape(-1).nonzero()[0]
+    if flat.size * 8 > scores.size:
+        return None
+    present = pack_flat(scores, flat)  # each row has >= k; the -inf padding ranks lowest
+    packed = present.packed
+    kth = np.partition(packed, packed.shape[1] - k, axis=-1)[:, packed.shape[1] - k, None]
+    if any(map(math.isnan, kth.ravel().tolist())):
+        return None
+    return present.unpack_kept(packed < kth)  # the scores outside are < floor <= kth
 
 
 # --- processors -----------------------------------------------------------------
@@ -157,6 +227,10 @@ class TopKProcessor:
         k = min(self._k, vocab)
         if k == 0 or k == vocab:
             return scores.copy()
+        if 8 * k < vocab:
+            out = _top_k_few(scores, k)
+            if out is not None:
+                return out
         kth = np.partition(scores, vocab - k, axis=-1)[:, vocab - k, None]
         return _fill(scores, scores < kth, few_kept=8 * k < vocab)
 
@@ -185,12 +259,13 @@ class TopPProcessor:
             return scores.copy()
         return _on_present(scores, self._cut)
 
-    def _cut(self, scores: np.ndarray) -> np.ndarray:
+    def _cut(self, scores: np.ndarray) -> tuple[np.ndarray, bool]:
         batch, vocab = scores.shape
         keep = min(self.min_tokens_to_keep, vocab)
         limit = np.float32(1.0 - self.top_p)  # torch compares in float32 too
-        top, valid = _row_max(scores)
-        with np.errstate(over="ignore", invalid="ignore"):  # only in invalid rows
+        top, all_valid = _row_max_checked(scores)
+        valid = np.isfinite(top[:, 0]) if not all_valid else np.ones(0, dtype=bool)  # unused then
+        with _errstate_unless(all_valid):
             total = np.exp(scores - top).astype(np.float64).sum(axis=-1, keepdims=True)
             for size in _tiers(vocab, keep + 1):
                 if size < vocab:
@@ -200,30 +275,41 @@ class TopPProcessor:
                     # part[:, 0] is the lowest candidate; once even it is removed, so is
                     # everything under it, and the candidates decide the cut.
                     lowest = (below[:, 0] + probs[:, 0]).astype(np.float32)
-                    if not np.all((lowest <= limit) | ~valid):
+                    reached = lowest <= limit
+                    if not all_valid:
+                        reached |= ~valid
+                    if not reached.all():
                         continue
                     cand = np.sort(part, axis=-1)
-                else:
-                    cand, below = np.sort(scores, axis=-1), 0.0
+                else:  # no offset: adding 0.0 to the non-negative sums would change no bit
+                    cand, below = np.sort(scores, axis=-1), None
                 weights = np.exp(cand - top)
                 n_removed = count_prefix(weights, limit, offset=below, total=total)
                 n_removed = np.minimum(n_removed, size - keep)
-                n_removed[~valid] = 0
                 break
 
+        if not all_valid:
+            n_removed[~valid] = 0
         rows = np.arange(batch)
         cut = cand[rows, n_removed]  # the lowest kept score
-        cut[~valid] = -np.inf
-        few_kept = 8 * int((size - n_removed).max()) < vocab
-        out = _fill(scores, scores < cut[:, None], few_kept=few_kept)
+        if not all_valid:
+            cut[~valid] = -np.inf
+        few_kept = 8 * (size - int(n_removed.min())) < vocab
+        remove = scores < cut[:, None]
         # Equal scores straddling the cut: keep as many as the sorted order did, the
         # highest ids (a stable ascending sort puts the lower ids first, under the cut).
-        straddle = (n_removed > 0) & (cand[rows, np.maximum(n_removed - 1, 0)] == cut)
-        for row in np.flatnonzero(straddle):
+        # Found with Python scalars: batches are small, and on a row packed after
+        # top-k each numpy call here costs as much as the cut's real work.
+        straddle = [
+            row
+            for row, n in enumerate(n_removed.tolist())
+            if n > 0 and cand[row, n - 1] == cut[row]
+        ]
+        for row in straddle:
             n_kept = np.searchsorted(cand[row], cut[row], side="right") - n_removed[row]
             tied = np.flatnonzero(scores[row] == cut[row])
-            out[row, tied[: tied.size - n_kept]] = _NEG_INF
-        return out
+            remove[row, tied[: tied.size - n_kept]] = True
+        return remove, few_kept
 
 
 class MinPProcessor:
@@ -282,7 +368,7 @@ class TypicalPProcessor:
             return scores.copy()
         return _on_present(scores, self._cut)
 
-    def _cut(self, scores: np.ndarray) -> np.ndarray:
+    def _cut(self, scores: np.ndarray) -> tuple[np.ndarray, bool]:
         batch, vocab = scores.shape
         mass = np.float32(self.typical_p)
         top, valid = _row_max(scores)
@@ -312,4 +398,4 @@ class TypicalPProcessor:
         limit[~valid] = np.inf
         remove = distance > limit[:, None]
         remove[rows, cand[:, : self.min_tokens_to_keep]] = False
-        return _fill(scores, remove)
+        return remove, False

@@ -8,6 +8,8 @@ the row, instead of silently returning token 0.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ortgen import ComponentError, GenerationContext, hookimpl
@@ -77,7 +79,6 @@ class MultinomialSampler:
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
         scores = np.asarray(scores, dtype=np.float32)
-        _unusable_rows("multinomial", scores.max(axis=-1))  # NaN propagates through max
         present = pack_present(scores)
         if present is None:
             return self._draw(scores)
@@ -86,7 +87,13 @@ class MultinomialSampler:
 
     def _draw(self, scores: np.ndarray) -> np.ndarray:
         batch, vocab = scores.shape
-        weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        # Checked here, on the packed rows when there are: packing drops only -inf
+        # scores, so a row's max (NaN propagates) is the same, and the full row is
+        # not scanned once more for it.
+        top = scores.max(axis=-1)
+        if not all(map(math.isfinite, top.tolist())):  # Python floats: cheaper than 3 numpy calls
+            _unusable_rows("multinomial", top)
+        weights = np.exp(scores - top[:, None])
         cdf = PrefixSums(weights)
         if self._row_rngs is not None:
             uniform = np.array([rng.random() for rng in self._row_rngs])
@@ -96,12 +103,13 @@ class MultinomialSampler:
         picked = cdf.count(target[:, None], in_float32=False)
 
         # Rounding can leave the target at the very top of the distribution (or of a
-        # block); the token meant is then the last one with a weight above 0.
-        rows = np.arange(batch)
-        clipped = np.minimum(picked, vocab - 1)
-        for row in np.flatnonzero((picked >= vocab) | (weights[rows, clipped] == 0)):
-            picked[row] = np.flatnonzero(weights[row, : clipped[row] + 1])[-1]
-        return picked.astype(np.int64)
+        # block); the token meant is then the last one with a weight above 0. Checked
+        # with Python scalars: batches are small, and on a row packed after top-k the
+        # half-dozen numpy calls of a vectorised check cost more than the draw.
+        for row, pick in enumerate(picked.tolist()):
+            if pick >= vocab or weights[row, pick] == 0:
+                picked[row] = np.flatnonzero(weights[row, : min(pick, vocab - 1) + 1])[-1]
+        return picked.astype(np.int64, copy=False)
 
 
 def row_generators(ctx: GenerationContext) -> list[np.random.Generator]:

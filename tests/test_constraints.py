@@ -51,6 +51,16 @@ def test_repetition_penalty_matches_hf(penalty, seed):
     assert_same(ours, hf_apply(hf.RepetitionPenaltyLogitsProcessor(float(penalty)), ids, scores))
 
 
+@pytest.mark.parametrize("layout", ["fortran", "strided"])
+def test_repetition_penalty_on_non_contiguous_scores_matches_hf(layout):
+    """The penalty is scattered through a flat view, which needs a C-ordered copy."""
+    ids, scores = random_case(np.random.default_rng(3), batch=4, vocab=60, id_range=60)
+    wide = np.repeat(scores, 2, axis=1)
+    view = np.asfortranarray(scores) if layout == "fortran" else wide[:, ::2]
+    ours = C.RepetitionPenaltyProcessor(1.3)(ids, view)
+    assert_same(ours, hf_apply(hf.RepetitionPenaltyLogitsProcessor(1.3), ids, scores))
+
+
 def test_repetition_penalty_prompt_ignore_length_matches_hf():
     ids, scores = random_case(np.random.default_rng(0), vocab=400, id_range=400)
     ours = C.RepetitionPenaltyProcessor(1.5, prompt_ignore_length=12)(ids, scores)

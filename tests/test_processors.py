@@ -220,6 +220,115 @@ def test_top_k_keeps_every_score_tied_with_the_kth():
     assert_same(ours, hf_apply(hf.TopKLogitsWarper(2), scores))
 
 
+def top_k_reference(scores: np.ndarray, k: int) -> np.ndarray:
+    """HF's rule on the whole row: keep every score >= the k-th highest (NaN ranks highest)."""
+    kth = np.partition(scores, scores.shape[-1] - k, axis=-1)[:, -k, None]
+    return np.where(scores < kth, np.float32(-np.inf), scores)
+
+
+def logit_rows(rng, batch: int, vocab: int) -> np.ndarray:
+    """Rows shaped like a model's logits, where top-k takes its few-candidate path."""
+    return (rng.standard_normal((batch, vocab)) * 2.5).astype(np.float32)
+
+
+@pytest.mark.parametrize("vocab", [1000, 2048, 4099, 49152])  # with and without a tail
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("k", [1, 5, 50, 120])
+def test_top_k_few_candidates_path_matches_hf(vocab, batch, k):
+    rng = np.random.default_rng(vocab + k)
+    scores = logit_rows(rng, batch, vocab)
+    if vocab >= 4096:  # on short rows the path may decline (too many candidates)
+        assert P._top_k_few(scores, k) is not None  # the path under test is taken
+    ours = P.TopKProcessor(k)(IDS, scores)
+    assert_same(ours, hf_apply(hf.TopKLogitsWarper(k), scores))
+
+
+def test_top_k_few_candidates_keep_every_tie_at_the_kth_value():
+    rng = np.random.default_rng(5)
+    scores = logit_rows(rng, 2, 8192)
+    for row in range(2):  # 7 scores tied at the 50th highest value, some of them below it in id
+        order = np.argsort(scores[row])[::-1]
+        scores[row, order[44:51]] = scores[row, order[47]]
+    ours = P.TopKProcessor(50)(IDS, scores)
+    assert P._top_k_few(scores, 50) is not None
+    assert (np.isfinite(ours).sum(axis=-1) == 51).all()  # 44 above + 7 tied
+    assert_same(ours, hf_apply(hf.TopKLogitsWarper(50), scores))
+
+
+def test_top_k_few_candidates_in_the_tail_past_the_columns():
+    scores = np.zeros((1, 4099), np.float32)
+    scores[0, -3:] = [5.0, 6.0, 7.0]  # the highest scores sit in the 3 ids past 4 * 1024
+    ours = P.TopKProcessor(2)(IDS, scores)
+    np.testing.assert_array_equal(np.flatnonzero(np.isfinite(ours)), [4097, 4098])
+    assert_same(ours, top_k_reference(scores, 2))
+
+
+@pytest.mark.parametrize("n_nan", [1, 3, 50])  # below k: kept; k or more: HF keeps the row
+def test_top_k_few_candidates_with_nan(n_nan):
+    rng = np.random.default_rng(n_nan)
+    scores = logit_rows(rng, 2, 8192)
+    scores[1, rng.choice(8192, n_nan, replace=False)] = np.nan
+    ours = P.TopKProcessor(3)(IDS, scores)
+    assert_same(ours, top_k_reference(scores, 3))
+    assert_same(ours, hf_apply(hf.TopKLogitsWarper(3), scores))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda v: np.zeros((2, v), np.float32),  # every score tied
+        lambda v: np.tile(np.arange(v, dtype=np.float32), (2, 1)),  # sorted
+        lambda v: np.full((2, v), -np.inf, np.float32),  # nothing left
+    ],
+    ids=["ties", "sorted", "all -inf"],
+)
+def test_top_k_rows_the_few_candidates_path_declines_match_hf(make):
+    scores = make(8192)
+    ours = P.TopKProcessor(10)(IDS, scores)
+    assert_same(ours, top_k_reference(scores, 10))
+    assert_same(ours, hf_apply(hf.TopKLogitsWarper(10), scores))
+
+
+def test_pack_present_decides_on_the_exact_count_whatever_the_sample_says():
+    # the sample (every 61st score) sees only -inf, but 1/8 of the scores are present
+    scores = np.full((1, 4096), -np.inf, np.float32)
+    ids = np.arange(4096)
+    dense = ids[ids % 61 != 0][:512]
+    scores[0, dense] = 1.0
+    assert N.pack_present(scores) is None
+    # sparse, but every present score is a sampled one
+    scores = np.full((2, 4096), -np.inf, np.float32)
+    scores[1, ::61] = np.arange(68, dtype=np.float32)
+    present = N.pack_present(scores)
+    assert present is not None and present.packed.shape == (2, 68)
+    assert_same(present.unpack(present.packed), scores)
+
+
+def test_top_p_after_top_k_keeps_as_many_as_hf_with_ties_at_the_cut():
+    """Top-p on the few scores top-k leaves (packed), with ties straddling the cut.
+
+    torch sorts the whole 49152-wide row, not stably, so only the number kept is
+    defined there; ours removes the lower ids of a tie first.
+    """
+    rng = np.random.default_rng(11)
+    straddled = 0
+    for batch in (1, 4):
+        scores = np.round(logit_rows(rng, batch, 49152)).astype(np.float32)  # many ties
+        kept_k = P.TopKProcessor(50)(IDS, scores)
+        for top_p in (0.3, 0.9):
+            ours = P.TopPProcessor(top_p)(IDS, kept_k)
+            theirs = hf_apply(hf.TopPLogitsWarper(top_p), kept_k)
+            np.testing.assert_array_equal(np.isfinite(ours).sum(-1), np.isfinite(theirs).sum(-1))
+            for row, kept in zip(kept_k, np.isfinite(ours), strict=True):
+                cut = row[kept].min()
+                assert np.all(row[~kept] <= cut)
+                ties = np.flatnonzero(row == cut)
+                straddled += kept[ties].sum() < ties.size
+                assert np.all(np.diff(kept[ties].astype(int)) >= 0)  # lower ids removed first
+            np.testing.assert_array_equal(ours[np.isfinite(ours)], kept_k[np.isfinite(ours)])
+    assert straddled  # the case under test occurred
+
+
 @pytest.mark.parametrize(
     "processor",
     [

@@ -158,6 +158,20 @@ def test_multinomial_refuses_a_row_without_a_distribution(bad_row, message):
         S.MultinomialSampler(ctx=make_ctx(0))(IDS, scores)
 
 
+@pytest.mark.parametrize(
+    ("bad", "message"), [(None, "all -inf"), (np.nan, "NaN"), (np.inf, r"\+inf")]
+)
+def test_multinomial_refuses_a_bad_row_among_few_finite_scores(bad, message):
+    """After top-k the rows are packed first; the check on the packed rows says the same."""
+    scores = np.full((3, 1000), -np.inf, np.float32)
+    scores[:, [5, 500]] = [1.0, 2.0]
+    scores[2] = -np.inf
+    if bad is not None:
+        scores[2, [7, 900]] = [0.0, bad]
+    with pytest.raises(ComponentError, match=f"'multinomial'.*row 2.*{message}.*1 of 3 rows"):
+        S.MultinomialSampler(ctx=make_ctx(0))(IDS, scores)
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     scores=hnp.arrays(
