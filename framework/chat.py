@@ -43,9 +43,7 @@ class ChatSession:
         prompt = self.generator.chat_prompt(self.messages, tools=self.tools)
         previous = self.state
         held = previous.length if previous is not None else 0
-        self.state = self.generator.next_turn(
-            previous, prompt, **{**self.settings, **settings}
-        )
+        self.state = self.generator.next_turn(previous, prompt, **{**self.settings, **settings})
         self.reused_tokens = held if self.state is previous else 0
         reply = ""
         try:

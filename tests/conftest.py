@@ -105,3 +105,15 @@ def reference_gen(reference_model_dir: Path):
     import ortgen
 
     return ortgen.load(reference_model_dir)
+
+
+@pytest.fixture(scope="session")
+def default_hf(default_model_dir: Path):
+    """The default model's GGUF weights in transformers (PyTorch), loaded once: the
+    reference the fp32 fused graph is compared with token for token."""
+    from transformers import AutoModelForCausalLM
+
+    from ortgen.export.default_model import download_default_gguf
+
+    gguf = download_default_gguf(default_model_dir.parent / ".cache")
+    return AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name).eval()

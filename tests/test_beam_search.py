@@ -136,15 +136,8 @@ def test_a_third_party_search_strategy_is_a_sampler_with_parents(tiny_llama_gen)
 
 
 @pytest.mark.default_model
-def test_beam_search_on_the_default_model_at_fp32_equals_transformers(
-    reference_gen, default_model_dir
-):
-    from transformers import AutoModelForCausalLM
-
-    from ortgen.export.default_model import download_default_gguf
-
-    gguf = download_default_gguf(default_model_dir.parent / ".cache")
-    hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name).eval()
+def test_beam_search_on_the_default_model_at_fp32_equals_transformers(reference_gen, default_hf):
+    hf = default_hf
     prompt = reference_gen.chat_prompt([{"role": "user", "content": "Name a colour."}])
     call = dict(num_beams=3, num_return_sequences=2, max_new_tokens=16, eos_token_id=2)
     with torch.no_grad():

@@ -283,15 +283,6 @@ def test_max_length_from_generation_config_applies_when_max_new_tokens_is_not_se
 # --------------------------------------------------------------------------- tokens: default model
 
 
-@pytest.fixture(scope="module")
-def default_hf(default_model_dir):
-    """The default model's weights in transformers (as tests/test_default_model.py)."""
-    from ortgen.export.default_model import download_default_gguf
-
-    gguf = download_default_gguf(default_model_dir.parent / ".cache")
-    return AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name).eval()
-
-
 @pytest.mark.default_model
 def test_default_model_greedy_with_flat_settings_equals_transformers(reference_gen, default_hf):
     """The default model's weights as an fp32 graph (the quantised default variant is not

@@ -18,16 +18,9 @@ def test_chat_answer_is_right(default_gen):
     assert "<|im_end|>" not in out.text
 
 
-def test_fp32_fused_greedy_equals_transformers_on_the_same_weights(
-    reference_gen, default_model_dir
-):
+def test_fp32_fused_greedy_equals_transformers_on_the_same_weights(reference_gen, default_hf):
     """The fused graph family at fp32 on the real model: token for token with PyTorch."""
-    from transformers import AutoModelForCausalLM
-
-    from ortgen.export.default_model import download_default_gguf
-
-    gguf = download_default_gguf(default_model_dir.parent / ".cache")
-    hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name).eval()
+    hf = default_hf
     prompt = reference_gen.chat_prompt([{"role": "user", "content": "Tell me about the sea."}])
     with torch.no_grad():
         expected = hf.generate(

@@ -122,7 +122,8 @@ def test_explicit_stopping_criterion_reports_its_reason(llama_dir):
 
 def test_unknown_parameter_is_named(llama_dir):
     gen = ortgen.load(llama_dir, plugins=[Plugin()])
-    with pytest.raises(ortgen.ConfigError, match=r"logits_processor 'ban': unexpected 'tokn' \(did you mean 'token'\?\); accepts"):
+    message = r"logits_processor 'ban': unexpected 'tokn' \(did you mean 'token'\?\); accepts"
+    with pytest.raises(ortgen.ConfigError, match=message):
         gen.generate([5], max_new_tokens=2, logits_processors=[{"name": "ban", "tokn": 1}])
 
 

@@ -93,7 +93,9 @@ class SeenTokenPenalty:
     def __init__(self, penalty: float, *, ctx: GenerationContext) -> None:
         ok = isinstance(penalty, numbers.Real) and not isinstance(penalty, bool)
         if not ok or not math.isfinite(penalty):
-            raise ConfigError(f"seen_token_penalty: `penalty` has to be a number, but is {penalty!r}")
+            raise ConfigError(
+                f"seen_token_penalty: `penalty` has to be a number, but is {penalty!r}"
+            )
         self.penalty = np.float32(penalty)
         self.prompt_length = ctx.prompt_length
 
