@@ -117,6 +117,11 @@ class StaticCache:
 
     def reorder(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows)
+        if len(rows) == self._rows:  # beam search every step: gather in place, so the
+            for i in range(len(self._names)):  # bound buffers (and the binding) stay
+                array = self._array(i)
+                array[...] = array[rows]
+            return
         held = [self._array(i)[rows] for i in range(len(self._names))]
         self._rows = len(rows)
         self._allocate(self._capacity)
