@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -284,7 +285,7 @@ def cmd_config_show(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     """A batch job over an input file; the flags win over the pipeline's [run] options.
     Everything that can be checked without the model is checked before it loads."""
-    from .jobs import ENGINE_NOT_READY, run_job
+    from .jobs import run_job
     from .pipeline import load_pipeline
 
     pipeline = load_pipeline(args.pipeline)
@@ -293,24 +294,38 @@ def cmd_run(args: argparse.Namespace) -> int:
     if batch_size < 1:
         raise OrtgenError(f"--batch-size must be at least 1, got {batch_size}")
     engine = args.engine or pipeline.run.engine
+    if engine != "ray" and (args.address is not None or args.workers is not None):
+        raise OrtgenError("--address and --workers are for the ray engine (--engine ray)")
+    if args.workers is not None and args.workers < 1:
+        raise OrtgenError(f"--workers must be at least 1, got {args.workers}")
     if args.dry_run:
         from .jobs.dry_run import dry_run
 
         lines, good = dry_run(pipeline, args.input, settings, model=args.model, engine=engine)
         print("\n".join(lines))
         return 0 if good else 2
-    if engine == "ray":
-        raise OrtgenError(ENGINE_NOT_READY)
     if not args.output:
         raise OrtgenError("ortgen run needs --output FILE (only --dry-run runs without one)")
     if not Path(args.input).is_file():  # before the model loads, not after
         raise OrtgenError(f"input file {args.input} does not exist")
-    from .api import load
+    job: Callable[..., Any]
+    if engine == "ray":  # the model loads on each worker, not here
+        from .jobs.ray_engine import run_ray_job
 
-    gen = load(args.model, pipeline=pipeline, threads=args.threads)
+        job = functools.partial(
+            run_ray_job,
+            pipeline,
+            model=args.model,
+            address=args.address,
+            workers=args.workers or 1,
+            threads=args.threads,
+        )
+    else:
+        from .api import load
+
+        job = functools.partial(run_job, load(args.model, pipeline=pipeline, threads=args.threads))
     try:
-        run_job(
-            gen,
+        job(
             args.input,
             args.output,
             batch_size=batch_size,
@@ -406,6 +421,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", metavar="FILE", help="results: JSONL or .parquet (resumed)")
     p.add_argument("--batch-size", type=int, help="rows per generate call (default: [run])")
     p.add_argument("--engine", choices=ENGINES, help="where rows run (default: [run] engine)")
+    p.add_argument("--address", metavar="HOST:PORT", help="ray engine: the cluster to join")
+    p.add_argument("--workers", type=int, metavar="N", help="ray engine: actors (default 1)")
     p.add_argument("--dry-run", action="store_true", help="check pipeline and rows; no model")
     _add_model_flags(p, pipeline=False)
     _add_generation_flags(p)

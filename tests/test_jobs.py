@@ -168,7 +168,7 @@ def test_duplicate_ids_stop_the_job_before_it_starts(tiny_llama_gen, tmp_path):
 def test_job_wide_problems_raise(tiny_llama_gen, tmp_path):
     with pytest.raises(ortgen.ConfigError, match="num_return_sequences must be 1"):
         run(tiny_llama_gen, tmp_path, ROWS, settings={"num_return_sequences": 2, "num_beams": 2})
-    with pytest.raises(ortgen.ConfigError, match="the ray engine is not available yet"):
+    with pytest.raises(ortgen.ConfigError, match=r"for the ray engine use .*run_ray_job"):
         run(tiny_llama_gen, tmp_path, ROWS, engine="ray")
     with pytest.raises(ortgen.InputError, match="does not exist"):
         run_job(tiny_llama_gen, tmp_path / "nope.jsonl", tmp_path / "o.jsonl", progress=None)
@@ -375,9 +375,11 @@ def test_cli_errors(tmp_path, tiny_model_dirs):
     pipeline.write_text(f'model = "{tiny_model_dirs["llama"][1]}"\n')
     source = write_jsonl(tmp_path / "rows.jsonl", ROWS)
     base = ["run", str(pipeline), "--input", str(source)]
-    result = cli(*base, "--output", str(tmp_path / "o.jsonl"), "--engine", "ray")
+    result = cli(*base, "--output", str(tmp_path / "o.jsonl"), "--workers", "2")
     assert result.returncode == 2
-    assert "the ray engine is not available yet" in result.stderr
+    assert "--address and --workers are for the ray engine" in result.stderr
+    result = cli(*base, "--output", "o.jsonl", "--engine", "ray", "--workers", "0")
+    assert result.returncode == 2 and "--workers must be at least 1" in result.stderr
     result = cli(*base)
     assert result.returncode == 2 and "needs --output" in result.stderr
     result = cli(*base, "--output", "o.jsonl", "--batch-size", "0")

@@ -5,6 +5,7 @@
 - ``dry_run``: ``ortgen run --dry-run``, the pipeline and the rows checked, no model;
 - ``results``: the append-only output that a killed job resumes from;
 - ``runner``: batching, sorting by length, retrying a failed batch row by row;
+- ``ray_engine``: the same rows on a pool of Ray actors (imports Ray only when it runs);
 - ``progress``: the live line on a terminal and the summary.
 """
 
@@ -15,14 +16,14 @@ from pathlib import Path
 from .check import InputReport, scan_rows
 from .progress import JobSummary
 from .rows import InputRow, RowChecker, SettingsCheck, read_rows
-from .runner import ENGINE_NOT_READY, run_job
+from .runner import RowRunner, run_job
 
 __all__ = [
-    "ENGINE_NOT_READY",
     "InputReport",
     "InputRow",
     "JobSummary",
     "RowChecker",
+    "RowRunner",
     "check_input",
     "read_rows",
     "run_job",

@@ -15,7 +15,7 @@ from typing import Any
 from .. import config as config_mod
 from ..pipeline import Pipeline
 from . import check_input
-from .runner import ENGINE_NOT_READY
+from .ray_engine import RAY_MISSING, ray_available
 
 __all__ = ["dry_run"]
 
@@ -37,8 +37,8 @@ def dry_run(
         config_mod.resolve([*layers, ("call", {**settings, **own})])
 
     problems = []
-    if engine == "ray":
-        problems.append(ENGINE_NOT_READY)
+    if engine == "ray" and not ray_available():
+        problems.append(RAY_MISSING)
     model = model or pipeline.model_path()
     if model is not None and not (Path(model) / "config.json").is_file():
         problems.append(f"model {model} is not a model folder (it has no config.json)")

@@ -6,6 +6,9 @@ API's own per-row shape. A bad row or a failing request becomes an error line an
 job goes on; when a whole batch fails, its rows are retried one by one, so only the
 row that fails is reported. Finished rows are appended as they complete (see
 ``results.py``), so a killed job picks up where it stopped.
+
+:class:`RowRunner` (a window of rows to result lines) and the checks and writing around
+it are shared with the ray engine (``ray_engine.py``), so both give the same lines.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from ..errors import ConfigError, InputError, OrtgenError
-from .check import scan_rows
+from .check import InputReport, scan_rows
 from .progress import JobSummary, Progress
 from .results import ResultLog, open_results
 from .rows import InputRow, RowChecker, id_key, read_rows
@@ -26,9 +29,21 @@ from .rows import InputRow, RowChecker, id_key, read_rows
 if TYPE_CHECKING:
     from ..api import TextGenerator
 
-__all__ = ["ENGINE_NOT_READY", "run_job"]
+__all__ = [
+    "RAY_NEEDS_ITS_RUNNER",
+    "RowRunner",
+    "check_one_result_per_row",
+    "check_sizes",
+    "chunks",
+    "run_job",
+    "scan_unique",
+    "write_records",
+]
 
-ENGINE_NOT_READY = 'the ray engine is not available yet; use engine = "local"'
+RAY_NEEDS_ITS_RUNNER = (
+    "run_job runs rows in this process (the local engine); for the ray engine use "
+    "ortgen.jobs.ray_engine.run_ray_job (or `ortgen run --engine ray`)"
+)
 T = TypeVar("T")
 
 
@@ -60,53 +75,75 @@ def run_job(
     the job as a whole cannot work (bad settings, duplicate ids, unusable output).
     """
     if engine != "local":
-        raise ConfigError(ENGINE_NOT_READY if engine == "ray" else f"unknown engine {engine!r}")
-    for name, value in (("batch_size", batch_size), ("window", window)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+        raise ConfigError(RAY_NEEDS_ITS_RUNNER if engine == "ray" else f"unknown engine {engine!r}")
+    check_sizes(batch_size, window)
     settings = dict(settings or {})
-    if gen.resolve_config(settings).config.num_return_sequences != 1:
-        raise ConfigError("ortgen run writes one result per row; num_return_sequences must be 1")
-    report = scan_rows(read_rows(input_path, RowChecker()))
-    if report.duplicates:
-        listed = "\n".join(f"  - {where}: {why}" for where, why in report.duplicates[:10])
-        raise InputError(f"{input_path} has rows with the same id:\n{listed}")
+    check_one_result_per_row(gen.resolve_config(settings).config.num_return_sequences)
+    report = scan_unique(input_path)
     results = open_results(output_path)
     done = results.open()
     try:
         tracker = Progress(report.rows, len(report.ids & done), progress)
-        job = _Job(gen, settings, batch_size, results, tracker)
+        job = RowRunner(gen, settings, batch_size)
         checker = RowChecker(job.check_settings)
-        for rows in _chunks(read_rows(input_path, checker), window):
-            job.run_window([row for row in rows if id_key(row.id) not in done])
+        for rows in chunks(read_rows(input_path, checker), window):
+            for records in job.run_window([row for row in rows if id_key(row.id) not in done]):
+                write_records(results, tracker, records)
         results.finish()
     finally:
         results.close()
     return tracker.finish()
 
 
-class _Job:
-    """The batching, retrying and writing of one ``run_job`` call."""
+def check_sizes(batch_size: int, window: int) -> None:
+    """Both engines refuse the same bad sizes, before anything runs."""
+    for name, value in (("batch_size", batch_size), ("window", window)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
 
-    def __init__(
-        self,
-        gen: TextGenerator,
-        settings: dict[str, Any],
-        batch_size: int,
-        results: ResultLog,
-        progress: Progress,
-    ) -> None:
+
+def check_one_result_per_row(num_return_sequences: int) -> None:
+    """A result line is one row's one answer: resume finds it by the row's id."""
+    if num_return_sequences != 1:
+        raise ConfigError("ortgen run writes one result per row; num_return_sequences must be 1")
+
+
+def scan_unique(input_path: str | Path) -> InputReport:
+    """The input's report (rows, ids); raises when two rows share an id, since resume
+    finds rows by id and would take them for one row."""
+    report = scan_rows(read_rows(input_path, RowChecker()))
+    if report.duplicates:
+        listed = "\n".join(f"  - {where}: {why}" for where, why in report.duplicates[:10])
+        raise InputError(f"{input_path} has rows with the same id:\n{listed}")
+    return report
+
+
+def write_records(results: ResultLog, progress: Progress, records: list[dict[str, Any]]) -> None:
+    """Append finished rows (one write, then fsync) and count them: the one place both
+    engines make rows durable."""
+    results.append(records)
+    errors = sum("error" in r for r in records)
+    tokens = sum(r["usage"]["completion_tokens"] for r in records if "usage" in r)
+    progress.add(len(records) - errors, errors, tokens)
+
+
+class RowRunner:
+    """Rows to result lines with one loaded model: the per-window work of both engines
+    (the local job in this process, each ray actor in its own), so a row gives the same
+    line, or the same error line, whichever engine runs it."""
+
+    def __init__(self, gen: TextGenerator, settings: dict[str, Any], batch_size: int) -> None:
         self.gen = gen
         self.settings = settings
         self.batch_size = batch_size
-        self.results = results
-        self.progress = progress
 
     def check_settings(self, own: dict[str, Any]) -> None:
         """A row's settings, resolved over the job's as its request will resolve them."""
         self.gen.resolve_config({**self.settings, **own})
 
-    def run_window(self, rows: list[InputRow]) -> None:
+    def run_window(self, rows: list[InputRow]) -> Iterator[list[dict[str, Any]]]:
+        """Result lines for ``rows``, a group at a time (bad rows, then each batch), so
+        the caller makes each group durable as soon as it exists."""
         ready: list[_Ready] = []
         failed: list[dict[str, Any]] = []
         for row in rows:
@@ -120,45 +157,34 @@ class _Job:
                 continue
             ready.append(_Ready(row, ids, own))
         if failed:
-            self._write(failed)
+            yield failed
         ready.sort(key=lambda r: len(r.ids))  # stable: equal lengths keep file order
-        for batch in _chunks(ready, self.batch_size):
-            self._run_batch(batch)
+        for batch in chunks(ready, self.batch_size):
+            yield self._run_batch(batch)
 
-    def _run_batch(self, batch: list[_Ready]) -> None:
+    def _run_batch(self, batch: list[_Ready]) -> list[dict[str, Any]]:
         requests = [{"prompt": r.ids, **r.own} for r in batch]
         try:
             out = self.gen.generate(requests, **self.settings)
         except Exception as exc:  # the job outlives any one request, whatever it raised
             if len(batch) > 1:  # find the row that fails: the others still complete
-                for ready in batch:
-                    self._run_batch([ready])
-                return
+                return [record for ready in batch for record in self._run_batch([ready])]
             message = str(exc) if isinstance(exc, OrtgenError) else f"{type(exc).__name__}: {exc}"
-            self._write([_error(batch[0].row, message)])
-            return
+            return [_error(batch[0].row, message)]
         texts = out.text if isinstance(out.text, list) else [out.text] * len(batch)
-        self._write(
-            [
-                {
-                    "id": ready.row.id,
-                    "text": texts[i],
-                    "tokens": out.tokens[i],
-                    "finish_reason": out.finish_reasons[i],
-                    "usage": {
-                        "prompt_tokens": len(ready.ids),
-                        "completion_tokens": len(out.tokens[i]),
-                    },
-                }
-                for i, ready in enumerate(batch)
-            ]
-        )
-
-    def _write(self, records: list[dict[str, Any]]) -> None:
-        self.results.append(records)
-        errors = sum("error" in r for r in records)
-        tokens = sum(r["usage"]["completion_tokens"] for r in records if "usage" in r)
-        self.progress.add(len(records) - errors, errors, tokens)
+        return [
+            {
+                "id": ready.row.id,
+                "text": texts[i],
+                "tokens": out.tokens[i],
+                "finish_reason": out.finish_reasons[i],
+                "usage": {
+                    "prompt_tokens": len(ready.ids),
+                    "completion_tokens": len(out.tokens[i]),
+                },
+            }
+            for i, ready in enumerate(batch)
+        ]
 
 
 def _error(row: InputRow, message: str) -> dict[str, Any]:
@@ -173,7 +199,7 @@ def _about_the_prompt(message: str, number: int) -> str:
     return message
 
 
-def _chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
+def chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
     it = iter(items)
     while chunk := list(islice(it, size)):
         yield chunk

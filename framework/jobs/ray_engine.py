@@ -1,0 +1,249 @@
+"""``ortgen run --engine ray``: the same job, its rows spread over a pool of Ray actors.
+
+The driver (this process) does what must happen in one place: it reads and checks the
+input with the local engine's reader (the same line numbers and the same error rows),
+refuses duplicate ids, opens the output with the local engine's resume (torn last line
+cut, ids already done skipped), and appends each group of result lines as it comes back,
+with the same one-write-then-fsync discipline. A kill at any moment followed by the same
+command therefore gives every row once, whichever engine wrote the lines.
+
+The rows that are left go to Ray Data as a dataset of JSON strings (one string column:
+rows mix text and token-id prompts and their own settings, which Arrow could not put in
+one schema; Ray's own JSON reader would also stop at the first malformed line, where the
+job must turn it into an error row). ``map_batches`` runs a pool of actors; each loads
+the model once and turns a window of rows into result lines with the local engine's
+:class:`RowRunner`, yielding each batch's lines as soon as they exist.
+
+Ray is imported only here, and only when a job runs, so the local engine never needs it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import re
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+import numpy as np
+
+from .. import config as config_mod
+from ..errors import ConfigError, OrtgenError
+from .progress import JobSummary, Progress
+from .results import open_results
+from .rows import InputRow, RowChecker, id_key, read_rows
+from .runner import (
+    RowRunner,
+    check_one_result_per_row,
+    check_sizes,
+    scan_unique,
+    write_records,
+)
+
+if TYPE_CHECKING:
+    from ..pipeline import Pipeline
+
+__all__ = ["RAY_MISSING", "ray_available", "require_ray", "run_ray_job"]
+
+RAY_MISSING = "the ray engine needs Ray, which is not installed: pip install 'ortgen[ray]'"
+
+
+def ray_available() -> bool:
+    """Whether Ray is installed, without importing it (a dry run only checks)."""
+    return importlib.util.find_spec("ray") is not None
+
+
+def require_ray() -> Any:
+    """The ``ray`` module, or an error that says how to get it."""
+    try:
+        import ray
+        import ray.data  # the extra may be missing even when ray is there
+    except ImportError:
+        raise OrtgenError(RAY_MISSING) from None
+    return ray
+
+
+def run_ray_job(
+    pipeline: Pipeline,
+    input_path: str | Path,
+    output_path: str | Path,
+    *,
+    model: str | Path | None = None,
+    address: str | None = None,
+    workers: int = 1,
+    threads: int | None = None,
+    batch_size: int = 8,
+    window: int = 256,
+    settings: Mapping[str, Any] | None = None,
+    progress: TextIO | None = sys.stderr,
+) -> JobSummary:
+    """Generate for every row of ``input_path`` not already in ``output_path``, on Ray.
+
+    ``address``: a running cluster (``HOST:PORT``); None starts a local Ray instance for
+    this job. ``workers``: actors, each with the model loaded once, each reserving
+    ``threads`` CPUs (1 when None). The other arguments mean what they mean for
+    :func:`run_job`; the output is the same. Raises before any row runs when the job as
+    a whole cannot work."""
+    check_sizes(batch_size, window)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"workers must be an integer >= 1, got {workers!r}")
+    settings = dict(settings or {})
+    # the model's own config files are not read here (the model is loaded only on the
+    # workers); each actor checks again with them before its first row
+    resolved = config_mod.resolve([("pipeline", pipeline.settings), ("call", settings)])
+    check_one_result_per_row(resolved.config.num_return_sequences)
+    ray = require_ray()
+    report = scan_unique(input_path)
+    model = model or pipeline.model_path()
+    # a worker's current directory is not ours: give it a path that means the same there
+    model = str(Path(model).expanduser().resolve()) if model is not None else None
+    results = open_results(output_path)
+    done = results.open()
+    try:
+        pending = [
+            _encode(row)
+            for row in read_rows(input_path, RowChecker())
+            if id_key(row.id) not in done
+        ]
+        tracker = Progress(report.rows, len(report.ids & done), progress)
+        if pending:
+            started = _connect(ray, address, workers, threads)
+            try:
+                cpus = float(threads or 1)
+                _check_room(ray, workers, cpus)
+                data = ray.data.from_items([{"row": row} for row in pending])
+                lines = data.map_batches(
+                    _Worker,
+                    fn_constructor_kwargs={
+                        "model": model,
+                        "pipeline": pipeline,
+                        "threads": threads,
+                        "settings": settings,
+                        "batch_size": batch_size,
+                    },
+                    batch_size=window,
+                    batch_format="numpy",
+                    compute=ray.data.ActorPoolStrategy(size=workers),
+                    num_cpus=cpus,
+                )
+                for batch in _results(lines):
+                    write_records(results, tracker, [json.loads(line) for line in batch])
+            finally:
+                if started:
+                    ray.shutdown()
+        results.finish()
+    finally:
+        results.close()
+    return tracker.finish()
+
+
+def _encode(row: InputRow) -> str:
+    """A checked row as the text Ray carries: its number, id, and request or error."""
+    if row.error is not None:
+        fields: dict[str, Any] = {"error": row.error}
+    else:
+        fields = {"request": row.request}
+    return json.dumps({"number": row.number, "unit": row.unit, "id": row.id, **fields})
+
+
+def _decode(text: str, checker: RowChecker) -> InputRow:
+    """The row back, its own settings now checked over the model's config as well
+    (the driver has no model); the checker is the local engine's, so the error is too."""
+    data = json.loads(text)
+    if "error" in data:
+        return InputRow(data["number"], data["unit"], data["id"], error=data["error"])
+    return checker(data["number"], data["unit"], {"id": data["id"], **data["request"]})
+
+
+class _Worker:
+    """One actor of the pool: the model loaded once, then window after window of rows."""
+
+    def __init__(
+        self,
+        model: str | None,
+        pipeline: Pipeline,
+        threads: int | None,
+        settings: dict[str, Any],
+        batch_size: int,
+    ) -> None:
+        from ..api import load
+
+        gen = load(model, pipeline=pipeline, threads=threads)
+        check_one_result_per_row(gen.resolve_config(settings).config.num_return_sequences)
+        self.runner = RowRunner(gen, settings, batch_size)
+        self.checker = RowChecker(self.runner.check_settings)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
+        rows = [_decode(str(text), self.checker) for text in batch["row"]]
+        for records in self.runner.run_window(rows):  # each batch back as soon as it is done
+            lines = [json.dumps(r, ensure_ascii=False) for r in records]
+            yield {"line": np.array(lines, dtype=object)}
+
+
+def _connect(ray: Any, address: str | None, workers: int, threads: int | None) -> bool:
+    """Join the cluster at ``address``, or start a local instance; True when this call
+    started Ray (so the job shuts it down), False when the caller had already."""
+    if ray.is_initialized():
+        return False
+    quiet: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False}
+    if address:
+        try:
+            ray.init(address=address, **quiet)
+        except (ConnectionError, RuntimeError) as exc:
+            raise OrtgenError(f"cannot connect to the Ray cluster at {address}: {exc}") from None
+    else:
+        # enough CPUs for the pool even on a small machine: Ray waits forever otherwise
+        cpus = max(os.cpu_count() or 1, workers * (threads or 1))
+        ray.init(address="local", num_cpus=cpus, include_dashboard=False, **quiet)
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False  # the job draws its own progress line
+    context.print_on_execution_start = False
+    logging.getLogger("ray.data").setLevel(logging.ERROR)  # e.g. "progress bars disabled"
+    return True
+
+
+def _check_room(ray: Any, workers: int, cpus: float) -> None:
+    """A pool the cluster cannot hold would wait forever: say so instead."""
+    total = ray.cluster_resources().get("CPU", 0.0)
+    if workers * cpus > total:
+        raise OrtgenError(
+            f"{workers} workers of {cpus:g} CPUs each need {workers * cpus:g} CPUs; the Ray "
+            f"cluster has {total:g}: use fewer --workers or --threads"
+        )
+
+
+def _results(lines: Any) -> Iterator[list[str]]:
+    """Each group of result lines as the pool hands it back; an ortgen error raised on
+    a worker (a model that cannot load there, a bad pipeline) comes back as itself."""
+    try:
+        for batch in lines.iter_batches(batch_size=None, batch_format="numpy"):
+            yield [str(line) for line in batch["line"]]
+    except OrtgenError:
+        raise
+    except Exception as exc:  # Ray wraps what failed on a worker in its own types
+        cause = _ortgen_cause(exc)
+        if cause is not None:
+            raise cause from None
+        said = _ORTGEN_ERROR_LINE.findall(str(exc))
+        if said:  # an actor that failed to start: Ray keeps only the text of its error
+            raise OrtgenError(f"on a Ray worker: {said[-1]}") from None
+        raise OrtgenError(f"the Ray job failed: {type(exc).__name__}: {exc}") from exc
+
+
+#: the last line of a worker's traceback when it raised an ortgen error
+_ORTGEN_ERROR_LINE = re.compile(r"^ortgen\.errors\.\w+: (.+)$", re.MULTILINE)
+
+
+def _ortgen_cause(exc: BaseException) -> OrtgenError | None:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OrtgenError):
+            return current
+        current = getattr(current, "cause", None) or current.__cause__ or current.__context__
+    return None
