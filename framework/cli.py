@@ -298,6 +298,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise OrtgenError("--address and --workers are for the ray engine (--engine ray)")
     if args.workers is not None and args.workers < 1:
         raise OrtgenError(f"--workers must be at least 1, got {args.workers}")
+    address = args.address if args.address is not None else pipeline.run.address
+    workers = args.workers if args.workers is not None else pipeline.run.workers
     if args.dry_run:
         from .jobs.dry_run import dry_run
 
@@ -316,8 +318,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             run_ray_job,
             pipeline,
             model=args.model,
-            address=args.address,
-            workers=args.workers or 1,
+            address=address,
+            workers=workers,
             threads=args.threads,
         )
     else:
@@ -421,8 +423,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", metavar="FILE", help="results: JSONL or .parquet (resumed)")
     p.add_argument("--batch-size", type=int, help="rows per generate call (default: [run])")
     p.add_argument("--engine", choices=ENGINES, help="where rows run (default: [run] engine)")
-    p.add_argument("--address", metavar="HOST:PORT", help="ray engine: the cluster to join")
-    p.add_argument("--workers", type=int, metavar="N", help="ray engine: actors (default 1)")
+    p.add_argument(
+        "--address", metavar="HOST:PORT", help="ray engine: the cluster to join ([run] address)"
+    )
+    p.add_argument(
+        "--workers", type=int, metavar="N", help="ray engine: actors ([run] workers, default 1)"
+    )
     p.add_argument("--dry-run", action="store_true", help="check pipeline and rows; no model")
     _add_model_flags(p, pipeline=False)
     _add_generation_flags(p)

@@ -22,6 +22,9 @@ disable = ["example"] # plugins not to load
 batch_size = 8
 ```
 
+``[run]`` also takes ``window``, ``engine`` ("local" or "ray"), and for the ray engine
+``address`` and ``workers``.
+
 The file is read and checked when it is loaded, and every problem is reported at once
 with its location (``logits_processors[2] (top_p): unexpected 'k'; accepts top_p,
 min_tokens_to_keep``). Components come only from registered plugins: a pipeline file
@@ -50,7 +53,13 @@ _COMPONENTS = {
     "stopping_criteria": ("stopping_criterion", True),
 }
 _TOP_LEVEL = ("model", "generation", "plugins", "run", *_COMPONENTS)
-_RUN_DEFAULTS: dict[str, Any] = {"batch_size": 8, "engine": "local", "window": 256}
+_RUN_DEFAULTS: dict[str, Any] = {
+    "batch_size": 8,
+    "engine": "local",
+    "window": 256,
+    "address": None,
+    "workers": 1,
+}
 ENGINES = ("local", "ray")
 
 
@@ -61,6 +70,8 @@ class RunOptions:
     batch_size: int = 8  # rows per generate call
     engine: str = "local"  # "local" or "ray"
     window: int = 256  # rows read ahead and sorted by length, for less padding
+    address: str | None = None  # ray engine: the cluster to join (None: a local Ray)
+    workers: int = 1  # ray engine: actors, each with the model loaded once
 
 
 @dataclass(frozen=True)
@@ -202,11 +213,17 @@ def _run(table: Any, problems: list[str]) -> RunOptions:
             problems.append(f"[run] {key}: unknown option{did_you_mean(key, list(_RUN_DEFAULTS))}")
             continue
         values[key] = value
-    for key in ("batch_size", "window"):
+    address = values["address"]
+    if address is not None and not (isinstance(address, str) and address):
+        problems.append(f"[run] address must be HOST:PORT (a string), got {address!r}")
+        values["address"] = None
+    for key in ("batch_size", "window", "workers"):
         value = values[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             problems.append(f"[run] {key} must be an integer >= 1, got {value!r}")
             values[key] = _RUN_DEFAULTS[key]
+    if values["engine"] != "ray" and (values["address"] is not None or values["workers"] != 1):
+        problems.append('[run] address and workers are for the ray engine: set engine = "ray"')
     if values["engine"] not in ENGINES:
         problems.append(
             f"[run] engine must be one of {', '.join(ENGINES)}, got {values['engine']!r}"

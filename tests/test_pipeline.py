@@ -44,6 +44,10 @@ def test_a_pipeline_file_is_the_pipeline_layer(tiny_llama_gen, tmp_path):
     path = write(tmp_path, GOOD.replace("eos_token_id = []\n", ""))
     pipeline = load_pipeline(path)
     assert pipeline.run.batch_size == 4 and pipeline.settings["max_new_tokens"] == 6
+    ray = load_pipeline(
+        write(tmp_path, "[run]\nengine = 'ray'\naddress = 'h:6379'\nworkers = 3\n", "r.toml")
+    )
+    assert (ray.run.engine, ray.run.address, ray.run.workers) == ("ray", "h:6379", 3)
     by_file = tiny_llama_gen.generate(PROMPT, pipeline=path, eos_token_id=None)
     settings = dict(max_new_tokens=6, do_sample=True, seed=3, temperature=0.8)
     by_call = tiny_llama_gen.generate(
@@ -101,6 +105,8 @@ CASES = [
         [r"\[run\] batch_size must be an integer >= 1", r"\[run\] engine must be one of local"],
     ),
     ("[plugins]\ndisable = 'example'\n", [r"\[plugins\] disable must be a list"]),
+    ("[run]\nworkers = 2\n", [r"\[run\] address and workers are for the ray engine"]),
+    ("[run]\nengine = 'ray'\nworkers = 0\n", [r"\[run\] workers must be an integer >= 1"]),
     ("[run]\nbatch = 3\n", [r"\[run\] batch: unknown option \(did you mean 'batch_size'\?\)"]),
     (
         "[generation]\ntop_k = -1\ntop_p = 3\n",
