@@ -300,6 +300,7 @@ class TextGenerator:
     ) -> tuple[list[list[int]], bool, list[config_mod.GenerationConfig], list[int | None] | None]:
         """Token rows, whether one prompt was given, each row's resolved config, and (with
         per-row settings) each row's own seed."""
+        pipeline = self._pipeline_layer(pipeline)  # a file is read once, not per row
         base = self.resolve_config(settings, pipeline=pipeline).config
         rows, single, row_settings = self.prompts.encode(prompts)
         configs = []
