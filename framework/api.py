@@ -425,7 +425,17 @@ class TextGenerator:
         reasons = ["eos" if row and row[-1] in eos else "length" for row in tokens]
         texts = [self.tokenizer.decode(t) for t in tokens] if self.tokenizer else None
         text: str | list[str] | None = texts[0] if single and texts is not None else texts
-        return GenerationOutput(text, tokens, sequences, reasons, sequence_scores=scores)
+        record = state.record
+        return GenerationOutput(
+            text,
+            tokens,
+            sequences,
+            reasons,
+            logprobs=getattr(sampler, "sequence_logprobs", None),
+            scores=list(record.scores) if record.want_scores else None,
+            logits=list(record.logits) if record.want_logits else None,
+            sequence_scores=scores,
+        )
 
     def _output(self, state: Generation, single: bool, stats: dict[str, float]) -> GenerationOutput:
         results = state.search_results()

@@ -144,6 +144,7 @@ def sampler_spec(config: GenerationConfig) -> Spec:
             "early_stopping": config.early_stopping,
             "num_return_sequences": config.num_return_sequences,
             "do_sample": config.do_sample,
+            "logprobs": config.logprobs,
         }
         return "beam_search", beams
     if config.do_sample and config.mirostat == 2:
@@ -197,8 +198,8 @@ def build_chain(
         cache=cache_backend,
         cache_name=cache_name,
         stop_strings=tuple(config.stop_strings or ()),
-        record={
-            "logprobs": config.logprobs,
+        record={  # with beams the search strategy keeps the chosen tokens' logprobs
+            "logprobs": config.logprobs and config.num_beams == 1,
             "top_logprobs": config.top_logprobs,
             "scores": config.output_scores,
             "logits": config.output_logits,

@@ -238,7 +238,7 @@ def validate(config: GenerationConfig) -> list[str]:
             f"num_return_sequences ({c.num_return_sequences}) must be <= num_beams "
             f"({c.num_beams}): beam search returns its best finished beams",
         )
-        for key in ("stop_strings", "logprobs", "top_logprobs", "output_scores", "output_logits"):
+        for key in ("stop_strings", "top_logprobs"):
             need(
                 not getattr(c, key),
                 f"{key} is not supported with beam search (num_beams={c.num_beams}) yet",

@@ -47,6 +47,7 @@ class BeamSearch:
         early_stopping: bool | str = False,
         num_return_sequences: int = 1,
         do_sample: bool = False,
+        logprobs: bool = False,
         *,
         ctx: GenerationContext,
     ) -> None:
@@ -84,6 +85,11 @@ class BeamSearch:
         self.scores = np.full(shape, _NEG, dtype=np.float32)  # finished hypotheses
         self.finished = np.zeros((*shape, width), dtype=np.int64)
         self.finished_length = np.zeros(shape, dtype=np.int64)
+        # each token's processed log-probability, kept like the tokens (``logprobs``)
+        self.logprobs = bool(logprobs)
+        self.finished_lp = np.zeros((*shape, width), dtype=np.float32)
+        self.running_lp = np.zeros((*shape, width), dtype=np.float32)
+        self.sequence_logprobs: list[list[float]] | None = None
         self.is_finished = np.zeros(shape, dtype=bool)
         self.improvable = np.ones((self.items, 1), dtype=bool)
         self.parents: np.ndarray | None = None
@@ -108,7 +114,14 @@ class BeamSearch:
         generated = input_ids[:, self.prompt_length :].reshape(items, beams, -1)
         cand = np.take_along_axis(generated, top_beams[:, :, None], axis=1)
         cand = np.concatenate([cand, top_ids[:, :, None]], axis=2)
-        self._update_finished(cand, top_scores, hits, cur_len)
+        cand_lp = None
+        if self.logprobs:  # the running beam's token log-probs plus the new token's
+            step_lp = scores.astype(np.float32).reshape(items, beams, vocab)
+            new_lp = step_lp[np.arange(items)[:, None], top_beams, top_ids]
+            held = self.running_lp[:, :, : cand.shape[2] - 1]
+            cand_lp = np.take_along_axis(held, top_beams[:, :, None], axis=1)
+            cand_lp = np.concatenate([cand_lp, new_lp[:, :, None]], axis=2)
+        self._update_finished(cand, top_scores, hits, cur_len, cand_lp)
 
         # the best num_beams candidates that go on become the running beams
         running = top_scores + hits.astype(np.float32) * _NEG
@@ -116,6 +129,9 @@ class BeamSearch:
         self.running_scores = np.take_along_axis(running, best, axis=1)
         chosen_beams = np.take_along_axis(top_beams, best, axis=1)
         next_ids = np.take_along_axis(top_ids, best, axis=1)
+        if cand_lp is not None:
+            chosen_lp = np.take_along_axis(cand_lp, best[:, :, None], axis=1)
+            self.running_lp[:, :, : chosen_lp.shape[2]] = chosen_lp
         offsets = (np.arange(items) * beams)[:, None]
         self.parents = (chosen_beams + offsets).reshape(-1)
 
@@ -136,7 +152,12 @@ class BeamSearch:
         return _top_indices(keyed, k)
 
     def _update_finished(
-        self, cand: np.ndarray, top_scores: np.ndarray, hits: np.ndarray, cur_len: int
+        self,
+        cand: np.ndarray,
+        top_scores: np.ndarray,
+        hits: np.ndarray,
+        cur_len: int,
+        cand_lp: np.ndarray | None = None,
     ) -> None:
         """transformers' ``_update_finished_beams``: the candidates among the top
         ``num_beams`` that just ended compete with the finished hypotheses."""
@@ -163,6 +184,11 @@ class BeamSearch:
         self.scores = np.take_along_axis(merged_scores, best, axis=1)
         self.finished_length = np.take_along_axis(merged_lengths, best, axis=1)
         self.is_finished = np.take_along_axis(merged_done, best, axis=1)
+        if cand_lp is not None:
+            padded_lp = np.zeros((*cand_lp.shape[:2], width), dtype=np.float32)
+            padded_lp[:, :, : cand_lp.shape[2]] = cand_lp[:, :, :width]
+            merged_lp = np.concatenate([self.finished_lp, padded_lp], axis=1)
+            self.finished_lp = np.take_along_axis(merged_lp, best[:, :, None], axis=1)
 
     def _check_early_stop(self, cur_len: int) -> None:
         """transformers' ``_check_early_stop_heuristic``."""
@@ -188,14 +214,19 @@ class BeamSearch:
             generated = input_ids[:, self.prompt_length :].reshape(items, beams, -1)
             hits = np.ones((items, beams), dtype=bool)
             self.improvable = np.ones((items, 1), dtype=bool)
-            self._update_finished(generated, self.running_scores, hits, cur_len - 1)
+            held_lp = self.running_lp[:, :, : generated.shape[2]] if self.logprobs else None
+            self._update_finished(generated, self.running_scores, hits, cur_len - 1, held_lp)
             self.done = True
-        sequences, scores = [], []
+        sequences, scores, logprobs = [], [], []
         for item in range(self.items):
             for rank in range(self.num_return_sequences):
                 length = int(self.finished_length[item, rank])
                 sequences.append(self.finished[item, rank, :length].tolist())
                 scores.append(float(self.scores[item, rank]))
+                logprobs.append(self.finished_lp[item, rank, :length].tolist())
+        # each chosen token's processed log-probability, as transformers'
+        # compute_transition_scores(sequences, scores, beam_indices) gives them
+        self.sequence_logprobs = logprobs if self.logprobs else None
         return sequences, scores
 
 

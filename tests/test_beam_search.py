@@ -91,12 +91,38 @@ def test_beam_sampling_is_seeded_and_returns_distinct_beams(tiny_llama_gen):
     assert first.sequence_scores == sorted(first.sequence_scores, reverse=True)
 
 
+@pytest.mark.parametrize("prompts", [[PROMPTS[0]], PROMPTS], ids=["one", "padded-batch"])
+def test_beam_logprobs_and_scores_equal_transformers(models, prompts):
+    """Per-step processed log-probabilities (``output_scores``, in the running beams' order,
+    as transformers returns them) and each returned token's log-probability (transformers'
+    ``compute_transition_scores`` with ``beam_indices``)."""
+    hf, gen = models
+    eos = _eos_met_early(gen, PROMPTS[0])
+    call = dict(num_beams=3, num_return_sequences=2, max_new_tokens=8, eos_token_id=eos)
+    expected = hf_beams(hf, prompts, **call)
+    out = gen.generate(prompts, logprobs=True, output_scores=True, output_logits=True, **call)
+    assert len(out.scores) == len(expected.scores) == len(out.logits)
+    for ours, theirs in zip(out.scores, expected.scores, strict=True):
+        theirs = theirs.numpy()
+        np.testing.assert_array_equal(np.isneginf(ours), np.isneginf(theirs))
+        finite = np.isfinite(theirs)
+        np.testing.assert_allclose(ours[finite], theirs[finite], rtol=1e-4, atol=1e-4)
+    transition = hf.compute_transition_scores(
+        expected.sequences, expected.scores, expected.beam_indices
+    ).numpy()
+    for row, (tokens, logprobs) in enumerate(zip(out.tokens, out.logprobs, strict=True)):
+        assert len(logprobs) == len(tokens)
+        np.testing.assert_allclose(logprobs, transition[row, : len(tokens)], rtol=1e-4, atol=1e-4)
+        # the sequence score is their sum over length ** length_penalty (1.0 here)
+        assert out.sequence_scores[row] == pytest.approx(sum(logprobs) / len(tokens), abs=1e-4)
+
+
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
         (dict(num_beams=2, num_return_sequences=3), "must be <= num_beams"),
         (dict(num_beams=2, stop_strings=["x"]), "stop_strings is not supported with beam search"),
-        (dict(num_beams=2, logprobs=True), "logprobs is not supported with beam search"),
+        (dict(num_beams=2, top_logprobs=2), "top_logprobs is not supported with beam search"),
         (dict(num_beams=0), "num_beams must be >= 1"),
     ],
 )
