@@ -106,7 +106,7 @@ class TextGenerator:
         self.registry = build_registry(self.plugin_manager)
         self._model_layers = config_mod.model_layers(self.path)
         self.prompts = PromptEncoder(
-            self.tokenizer,
+            self._need_tokenizer,
             self.model.signature.vocab_size,
             self.model.max_context,
             self.chat_prompt,

@@ -37,25 +37,45 @@ BATCH_WIDE_SETTINGS = frozenset(
 )
 
 
+def row_settings(item: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of a dict row (every key but its prompt), after checking its shape:
+    exactly one of ``prompt`` and ``messages``, and no setting that shapes the whole
+    batch. The API's per-row prompts and ``ortgen run``'s input lines share this rule."""
+    given = [key for key in ROW_PROMPT_KEYS if key in item]
+    if len(given) != 1:
+        raise InputError(
+            'a row needs exactly one of "prompt" (text or token ids) or "messages" '
+            f"(a chat), got keys {sorted(map(str, item)) or 'none'}"
+        )
+    own = {k: v for k, v in item.items() if k not in ROW_PROMPT_KEYS}
+    batch_wide = sorted(set(own) & BATCH_WIDE_SETTINGS)
+    if batch_wide:
+        raise InputError(
+            f"a row cannot set {', '.join(batch_wide)}: it applies to the whole batch "
+            "(set it for the whole request: a call argument or the pipeline's [generation])"
+        )
+    return own
+
+
 class PromptEncoder:
-    """Turns prompts into token-id rows for one model (its tokenizer, vocabulary, context)."""
+    """Turns prompts into token-id rows for one model (its tokenizer, vocabulary, context).
+
+    ``need_tokenizer(what)`` returns the model's tokenizer or raises the error that says
+    ``what`` needs one; ``chat_prompt(messages)`` renders a chat row. Both come from the
+    generator, so a prompt fails exactly as the generator's other entry points do.
+    """
 
     def __init__(
         self,
-        tokenizer: Tokenizer | None,
+        need_tokenizer: Callable[[str], Tokenizer],
         vocab_size: int,
         max_context: int | None,
         chat_prompt: Callable[[Sequence[Mapping[str, Any]]], list[int]],
     ) -> None:
-        self.tokenizer = tokenizer
+        self._need_tokenizer = need_tokenizer
         self.vocab_size = vocab_size
         self.max_context = max_context
         self._chat_prompt = chat_prompt
-
-    def _tokenizer_for(self, what: str) -> Tokenizer:
-        if self.tokenizer is None:
-            raise InputError(f"{what} needs a tokenizer, and this model has none; pass token ids")
-        return self.tokenizer
 
     def encode(self, prompts: Prompts) -> tuple[list[list[int]], bool, list[dict[str, Any]]]:
         """Token-id rows, whether a single prompt was given, and each row's own settings."""
@@ -96,19 +116,10 @@ class PromptEncoder:
 
     def encode_row(self, item: Mapping[str, Any], index: int) -> tuple[list[int], dict[str, Any]]:
         """A dict prompt: ``prompt`` (text or ids) or ``messages``, plus the row's settings."""
-        given = [key for key in ROW_PROMPT_KEYS if key in item]
-        if len(given) != 1:
-            raise InputError(
-                f'prompt {index} is a dict; it needs exactly one of "prompt" (text or token ids) '
-                f'or "messages" (a chat), got keys {sorted(map(str, item))}'
-            )
-        own = {k: v for k, v in item.items() if k not in ROW_PROMPT_KEYS}
-        batch_wide = sorted(set(own) & BATCH_WIDE_SETTINGS)
-        if batch_wide:
-            raise InputError(
-                f"prompt {index} sets {', '.join(batch_wide)}, which applies to the whole "
-                "batch; pass it as a call argument instead"
-            )
+        try:
+            own = row_settings(item)
+        except InputError as exc:
+            raise InputError(f"prompt {index}: {exc}") from None
         if "messages" in item:
             return self.check_ids(self._chat_prompt(item["messages"]), index), own
         value = item["prompt"]
@@ -121,7 +132,7 @@ class PromptEncoder:
     def encode_text(self, text: str, index: int) -> list[int]:
         if not text:
             raise InputError(f"prompt {index} is empty")
-        ids = self._tokenizer_for("a text prompt").encode(text)
+        ids = self._need_tokenizer("a text prompt").encode(text)
         return self.check_ids(ids, index)
 
     def check_ids(self, ids: list[int], index: int) -> list[int]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, OrtgenError
-from ..prompts import BATCH_WIDE_SETTINGS, ROW_PROMPT_KEYS
+from ..prompts import row_settings
 
 __all__ = ["InputRow", "RowChecker", "SettingsCheck", "id_key", "is_parquet", "read_rows"]
 
@@ -48,12 +48,6 @@ class InputRow:
     def where(self) -> str:
         return f"{self.unit} {self.number}"
 
-    @property
-    def settings(self) -> dict[str, Any]:
-        """The row's own generation settings (everything but the prompt)."""
-        assert self.request is not None
-        return {k: v for k, v in self.request.items() if k not in ROW_PROMPT_KEYS}
-
 
 class RowChecker:
     """Turns one parsed row into an :class:`InputRow`: its id, its shape, its settings."""
@@ -78,23 +72,11 @@ class RowChecker:
         return InputRow(number, unit, row_id, request=request)
 
     def _check(self, request: dict[str, Any]) -> None:
-        given = [key for key in ROW_PROMPT_KEYS if key in request]
-        if len(given) != 1:
-            raise InputError(
-                'a row needs exactly one of "prompt" (text or token ids) or "messages" '
-                f"(a chat), got keys {sorted(map(str, request)) or 'none'}"
-            )
+        own = row_settings(request)
         if "prompt" in request:
             _check_prompt(request["prompt"])
         else:
             _check_messages(request["messages"])
-        own = {k: v for k, v in request.items() if k not in ROW_PROMPT_KEYS}
-        batch_wide = sorted(set(own) & BATCH_WIDE_SETTINGS)
-        if batch_wide:
-            raise InputError(
-                f"a row cannot set {', '.join(batch_wide)}: it applies to the whole batch "
-                "(set it in the pipeline's [generation] instead)"
-            )
         if own and self._check_settings is not None:
             self._check_settings(own)
 
