@@ -354,14 +354,12 @@ class TextGenerator:
         row_chains = [chains[_settings_key(c)] for c in configs] if len(chains) > 1 else None
         first = next(iter(chains.values()))
         base = configs[0]
-        eos = base.eos_token_ids
-        pad = base.pad_token_id if base.pad_token_id is not None else (eos[0] if eos else 0)
         return Generation(
             self.model,
             first,
             rows,
             max_length=max_length,
-            pad_token_id=pad,
+            pad_token_id=base.padding_id,
             tokenizer=self.tokenizer if base.num_beams == 1 else None,  # beams: text at the end
             row_chains=row_chains,
         )
@@ -375,15 +373,13 @@ class TextGenerator:
         row_seeds: tuple[int | None, ...] = (),
     ) -> GenerationContext:
         prompt_length = prompt_length or max(len(r) for r in rows)
-        eos = config.eos_token_ids
-        pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
         return GenerationContext(
             config=config,
             batch_size=len(rows),
             prompt_length=prompt_length,
             vocab_size=self.model.signature.vocab_size,
-            eos_token_ids=eos,
-            pad_token_id=pad,
+            eos_token_ids=config.eos_token_ids,
+            pad_token_id=config.padding_id,
             max_length=self._max_length(config, prompt_length),
             signature=self.model.signature,
             seed=config.seed,

@@ -217,10 +217,10 @@ class ProcessorChain:
     components keep their state.
     """
 
-    def __init__(self, config: GenerationConfig, registry: Registry, **context: Any) -> None:
+    def __init__(self, config: GenerationConfig, registry: Registry, tokenizer: Any = None) -> None:
         self.config = config
         self._registry = registry
-        self._context = context
+        self._tokenizer = tokenizer
         self.processors: list[tuple[str, LogitsProcessor]] | None = None
 
     @property
@@ -243,17 +243,16 @@ class ProcessorChain:
         batch, prompt_length = input_ids.shape
         c = self.config
         new = c.max_new_tokens if c.max_new_tokens is not None else 0
-        eos = c.eos_token_ids
         ctx = GenerationContext(
             config=c,
             batch_size=batch,
-            prompt_length=self._context.get("prompt_length", prompt_length),
+            prompt_length=prompt_length,
             vocab_size=scores.shape[1],
-            eos_token_ids=eos,
-            pad_token_id=c.pad_token_id if c.pad_token_id is not None else (eos[0] if eos else 0),
+            eos_token_ids=c.eos_token_ids,
+            pad_token_id=c.padding_id,
             max_length=c.max_length or prompt_length + new,
             seed=c.seed,
-            tokenizer=self._context.get("tokenizer"),
+            tokenizer=self._tokenizer,
         )
         specs = processor_specs(c, ctx)
         return [

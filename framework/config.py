@@ -162,6 +162,15 @@ class GenerationConfig:
             return (self.eos_token_id,)
         return tuple(self.eos_token_id)
 
+    @property
+    def padding_id(self) -> int:
+        """The id written into padding and finished rows: ``pad_token_id``, else the first
+        EOS id, else 0."""
+        if self.pad_token_id is not None:
+            return self.pad_token_id
+        eos = self.eos_token_ids
+        return eos[0] if eos else 0
+
     def to_dict(self) -> dict[str, Any]:
         return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
