@@ -214,24 +214,41 @@ def test_sigkill_mid_job_then_rerun_gives_every_row_once(tiny_model_dirs, tiny_l
     args = [*CLI, "run", str(pipeline), "--input", str(source), "--output", str(out)]
     args += ["--batch-size", "1", "--threads", "1", "--max-new-tokens", "16"]
     args += ["--set", "eos_token_id=null"]
-    job = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
+    kill_then_rerun(args, out, rows, tiny_llama_gen, after_lines=10, checked=40)
+
+
+def kill_then_rerun(
+    args: list[str],
+    out: Path,
+    rows: list[dict],
+    gen,
+    *,
+    after_lines: int,
+    checked: int,
+    env: dict[str, str] | None = None,
+    wait_s: float = 120,
+) -> None:
+    """Start the job ``args``, SIGKILL it once ``out`` holds ``after_lines`` lines, run the
+    same command again, and check: every row's id exactly once, the rerun skipped what the
+    killed job wrote, and the first ``checked`` rows have the tokens ``generate`` gives."""
+    job = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline and job.poll() is None:
-        if out.exists() and out.read_bytes().count(b"\n") >= 10:
+        if out.exists() and out.read_bytes().count(b"\n") >= after_lines:
             break
         time.sleep(0.02)
     assert job.poll() is None, "the job ended before it could be killed; make it longer"
     os.kill(job.pid, signal.SIGKILL)
     job.communicate()
     killed = out.read_bytes().count(b"\n")
-    assert 10 <= killed < len(rows)
-    rerun = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert after_lines <= killed < len(rows)
+    rerun = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
     assert rerun.returncode == 0, rerun.stderr
     results = read_results(out)
     assert sorted(results) == list(range(1, len(rows) + 1))
     assert f"{killed} skipped (already done)" in rerun.stderr
-    expected = tiny_llama_gen.generate(rows[:40], max_new_tokens=16, eos_token_id=None)
-    for i in range(40):
+    expected = gen.generate(rows[:checked], max_new_tokens=16, eos_token_id=None)
+    for i in range(checked):
         assert results[i + 1]["tokens"] == expected.tokens[i]
 
 

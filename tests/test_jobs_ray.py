@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from ortgen.jobs import run_job
-from tests.test_jobs import CLI, GREEDY, ROWS, read_results, write_jsonl
+from tests.test_jobs import CLI, GREEDY, ROWS, kill_then_rerun, read_results, write_jsonl
 
 pytestmark = pytest.mark.ray
 
@@ -135,25 +135,9 @@ def test_sigkill_mid_ray_job_then_rerun_gives_every_row_once(
     out = tmp_path / "out.jsonl"
     args = _ray_args(pipeline, source, out, ray_address, "--max-new-tokens", "16")
     args += ["--set", "eos_token_id=null"]
-    job = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and job.poll() is None:
-        if out.exists() and out.read_bytes().count(b"\n") >= 8:
-            break
-        time.sleep(0.02)
-    assert job.poll() is None, "the job ended before it could be killed; make it longer"
-    os.kill(job.pid, signal.SIGKILL)
-    job.communicate()
-    killed = out.read_bytes().count(b"\n")
-    assert 8 <= killed < len(rows)
-    rerun = subprocess.run(args, capture_output=True, text=True, timeout=300, env=_env())
-    assert rerun.returncode == 0, rerun.stderr
-    results = read_results(out)
-    assert sorted(results) == list(range(1, len(rows) + 1))
-    assert f"{killed} skipped (already done)" in rerun.stderr
-    expected = tiny_llama_gen.generate(rows[:20], max_new_tokens=16, eos_token_id=None)
-    for i in range(20):
-        assert results[i + 1]["tokens"] == expected.tokens[i]
+    kill_then_rerun(
+        args, out, rows, tiny_llama_gen, after_lines=8, checked=20, env=_env(), wait_s=180
+    )
 
 
 def test_a_model_a_worker_cannot_load_is_one_clear_error(ray_address, tmp_path):
