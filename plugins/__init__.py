@@ -13,4 +13,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "ortgen.plugins.llamacpp",
     "ortgen.plugins.stopping",
     "ortgen.plugins.caches",
+    "ortgen.plugins.kv_window",
+    "ortgen.plugins.kv_quantized",
+    "ortgen.plugins.kv_prefix",
 )

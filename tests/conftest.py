@@ -21,13 +21,21 @@ def tiny_model_dirs(tiny_root: Path) -> dict[str, tuple[Path, Path]]:
     return _LazyModels(tiny_root)
 
 
+@pytest.fixture(scope="session")
+def fused_model_dirs(tiny_root: Path) -> dict[str, tuple[Path, Path]]:
+    """arch -> (Hugging Face folder, fused fp32 export): onnxruntime-genai's builder's
+    shared-buffer graph family (llama and qwen2), built lazily and once."""
+    return _LazyModels(tiny_root / "fused", graph="fused")
+
+
 class _LazyModels(dict):
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, graph: str = "optimum") -> None:
         super().__init__()
         self.root = root
+        self.graph = graph
 
     def __missing__(self, arch: str) -> tuple[Path, Path]:
-        onnx_dir = export_tiny(arch, self.root)
+        onnx_dir = export_tiny(arch, self.root, graph=self.graph)
         self[arch] = (self.root / f"{arch}-hf", onnx_dir)
         return self[arch]
 

@@ -17,7 +17,7 @@ import pytest
 
 import ortgen
 from ortgen import InputError
-from tests.tiny_models import EOS_ID, PAD_ID, export_tiny
+from tests.tiny_models import EOS_ID, PAD_ID
 
 FUSED_ARCHS = ("llama", "qwen2")
 PROMPTS = [[1, 5, 9, 33, 70, 12], [1, 44, 3], [1, 100, 101, 102, 103, 104, 105, 106, 107]]
@@ -25,13 +25,13 @@ NEW = 12
 
 
 @pytest.fixture(scope="module", params=FUSED_ARCHS)
-def fused(request: pytest.FixtureRequest, tiny_root: Path):
+def fused(request: pytest.FixtureRequest, fused_model_dirs):
     """(arch, transformers model, ortgen generator) for a fused fp32 export."""
     from transformers import AutoModelForCausalLM
 
     arch = request.param
-    out = export_tiny(arch, tiny_root / "fused", graph="fused")
-    hf = AutoModelForCausalLM.from_pretrained(tiny_root / "fused" / f"{arch}-hf").eval()
+    hf_dir, out = fused_model_dirs[arch]
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
     return arch, hf, ortgen.load(out, threads=1)
 
 

@@ -1,0 +1,1 @@
+"""Placeholder: filled in by the cache-backends work (issue 8)."""
