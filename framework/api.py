@@ -104,6 +104,8 @@ class TextGenerator:
         self.model = ExportedModel(self.path, threads=threads, spinning=spinning)
         self.plugin_manager = make_plugin_manager(disable=disable_plugins, extra=plugins)
         self.registry = build_registry(self.plugin_manager)
+        #: state cache backends keep across requests of this model (see GenerationContext)
+        self.model_state: dict[str, Any] = {}
         self._model_layers = config_mod.model_layers(self.path)
         self.prompts = PromptEncoder(
             self._need_tokenizer,
@@ -385,6 +387,8 @@ class TextGenerator:
             seed=config.seed,
             tokenizer=self.tokenizer,
             row_seeds=row_seeds,
+            model_config=self.model.config,
+            model_state=self.model_state,
         )
 
     def _max_length(self, config: config_mod.GenerationConfig, prompt_length: int) -> int:
@@ -399,7 +403,19 @@ class TextGenerator:
                     "prompt; set max_new_tokens instead"
                 )
         context = self.model.max_context
-        return min(max_length, context) if context else max_length
+        if context and not self._cache_lifts_context(config):
+            return min(max_length, context)
+        return max_length
+
+    def _cache_lifts_context(self, config: config_mod.GenerationConfig) -> bool:
+        """True when the configured cache keeps positions within a window (its factory's
+        ``lifts_context(signature)`` says so), so the model's trained context does not
+        bound the length."""
+        if not config.cache:
+            return False
+        entry = self.registry.get("kv_cache", config.cache["name"])
+        lifts = getattr(entry.factory, "lifts_context", None)
+        return bool(lifts is not None and lifts(self.model.signature))
 
     def _search_output(
         self, state: Generation, results: tuple[list[list[int]], list[float]], single: bool

@@ -63,12 +63,20 @@ class Generation:
         self.length = self.prompt_length  # tokens in the buffer, per row (padding included)
         self.fed = 0  # positions the cache holds
         self._next_position = self.mask.sum(axis=1)  # per row: position of the next token
-        self._prompt_lengths = self._next_position.copy()
-        # a shared-buffer graph packs rows from position 0: padded prompts go row by row
-        self._packed_prefill = model.signature.shared_kv and bool(
-            (self._prompt_lengths != self.prompt_length).any()
-        )
+        self._pads = self.prompt_length - self._next_position  # per row, never changes
+        self._check_cache_signature(chain, model)
         self._cache_outputs = hasattr(chain.cache, "outputs")  # the cache owns the presents
+        self._cache_feeds_mask = hasattr(chain.cache, "feed_mask")  # a window, a sink
+        # prompt tokens per row whose keys/values the cache already holds (prefix reuse)
+        self._reused = self._reuse([list(p) for p in prompts])
+        # a shared-buffer graph packs rows from position 0: padded prompts, or rows that
+        # reuse different prefixes, go row by row
+        starts = self._pads + self._reused
+        self._packed_prefill = model.signature.shared_kv and bool((starts != starts[0]).any())
+        if not self._packed_prefill:
+            self.fed = self._first_unfed()
+        #: real prompt tokens fed by the prefill (reused ones excluded)
+        self.prefill_tokens = int((self.prompt_length - starts).sum())
         if self._packed_prefill and not hasattr(chain.cache, "select"):
             raise InputError(
                 f"kv cache {chain.cache_name!r} cannot hold prompts of different lengths for "
@@ -153,6 +161,8 @@ class Generation:
             for row in np.flatnonzero(self.unfinished).tolist():
                 self.finish(row, "search_done")
         self.steps += 1
+        if self.is_done and hasattr(self.chain.cache, "remember"):
+            self._cache_call("remember", self._held_rows())
         return next_ids
 
     def search_results(self) -> tuple[list[list[int]], list[float]] | None:
@@ -175,7 +185,8 @@ class Generation:
         self.ids[:, :n] = self.ids[parents, :n]
         self.mask[:, :n] = self.mask[parents, :n]
         self._next_position = self._next_position[parents]
-        self._prompt_lengths = self._prompt_lengths[parents]
+        self._pads = self._pads[parents]
+        self._reused = self._reused[parents]
         self._cache_call("reorder", parents)
 
     def _pick(self, input_ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -236,17 +247,76 @@ class Generation:
         self._reopen()
 
     def rewind(self, count: int) -> None:
-        """Forget the last ``count`` tokens of every row (and their cached keys/values)."""
-        if not 0 < count < self.length - self.prompt_length + 1:
-            raise InputError(f"cannot rewind {count} tokens of {self.length - self.prompt_length}")
+        """Forget the last ``count`` tokens of every row (and their cached keys/values).
+
+        The rewind may reach into the prompt (editing, speculative decoding): each row
+        keeps at least one token, and what is left of the prompt becomes the prompt, so
+        ``generated()`` then starts after it.
+        """
+        shortest = self.length - int(self._pads.max())
+        if not 0 < count < shortest:
+            raise InputError(
+                f"cannot rewind {count} tokens: the shortest row holds {shortest} "
+                "(a rewind keeps at least one token per row)"
+            )
         self.length -= count
         self.mask[:, self.length :] = 0
         self.record.forget_steps(count)
         self._next_position -= count
+        self.prompt_length = min(self.prompt_length, self.length)  # into it: the rest is it
         if self.fed >= self.length:  # re-feed the last kept token to get its logits again
             self.fed = self.length - 1
             self._cache_call("crop", self.fed)
         self._reopen()
+
+    # -- the cache's view ------------------------------------------------------------
+
+    def _check_cache_signature(self, chain: Chain, model: ExportedModel) -> None:
+        """A cache belongs to the graph it was made for: keys/values of another model
+        (other layers, heads or sizes, or other weights' meaning) are never valid input."""
+        signature = getattr(chain.cache, "signature", None)
+        if signature is not None and signature != model.signature:
+            raise InputError(
+                f"kv cache {chain.cache_name!r} was made for another model's graph and "
+                f"cannot be used with {model.path}: a KV cache holds one model's keys/values"
+            )
+
+    def _reuse(self, prompts: list[list[int]]) -> np.ndarray:
+        """Ask a cache that keeps keys/values across requests how much of each prompt it
+        holds already (``reuse(prompts)``, at most all but the last token of each row)."""
+        held = np.zeros(len(prompts), dtype=np.int64)
+        if not hasattr(self.chain.cache, "reuse"):
+            return held
+        counts = self._cache_call("reuse", prompts)
+        if len(counts) != len(prompts) or any(
+            not 0 <= int(c) < max(len(p), 1) for c, p in zip(counts, prompts, strict=True)
+        ):
+            raise ComponentError(
+                f"kv cache {self.chain.cache_name!r} reuse() returned {list(counts)}; expected "
+                "one count per row, each below that row's prompt length"
+            )
+        held[:] = counts
+        return held
+
+    def _first_unfed(self) -> int:
+        """The buffer index feeding starts at when rows share one sequence axis (concat
+        graphs, or shared-buffer graphs whose rows line up): reused prefixes count only as
+        far as every row has one; the cache forgets the rest."""
+        if not self._reused.any():
+            return 0
+        starts = self._pads + self._reused
+        fed = int(starts.min())
+        if (starts != fed).any():
+            self._cache_call("crop", fed)
+        return fed
+
+    def _held_rows(self) -> list[list[int]]:
+        """Each row's real tokens whose keys/values the cache holds (no padding)."""
+        rows = []
+        for row in range(self.batch_size):
+            pad = int(self._pads[row])
+            rows.append(self.ids[row, pad : min(self._end(row), self.fed)].tolist())
+        return rows
 
     # -- internals ---------------------------------------------------------------
 
@@ -258,12 +328,14 @@ class Generation:
         positions per forward bounds that, and the cache makes the chunks add up to
         the same result as one forward.
         """
+        chunk = min(self.prefill_chunk, getattr(self.chain.cache, "max_feed", None) or 1 << 30)
         while True:
             start = self.fed
-            end = min(self.length, start + self.prefill_chunk)
+            end = min(self.length, start + chunk)
             logits = self._forward_chunk(start, end)
             self.fed = end
             if end == self.length:
+                self._reused[:] = 0  # prefilled: from now on every row's cache is complete
                 return logits[:, -1, :]
 
     def _forward_chunk(self, start: int, end: int) -> np.ndarray:
@@ -293,8 +365,8 @@ class Generation:
         rows = []
         try:
             for row in range(self.batch_size):
-                pad = self.prompt_length - int(self._prompt_lengths[row])
-                first = max(start, pad)
+                pad = int(self._pads[row])
+                first = max(start, pad + int(self._reused[row]))  # reused: already held
                 if first >= end:  # this chunk is all padding for the row (never the last)
                     continue
                 self._cache_call("select", row)
@@ -314,6 +386,8 @@ class Generation:
         The present buffers are asked for first: a cache that must grow to hold the
         forward's positions does so there, and then feeds its grown buffers as the past.
         """
+        if self._cache_feeds_mask:  # the cache holds a subset: it says what the graph sees
+            mask = self._cache_call("feed_mask", mask, input_ids.shape[1])
         presents = self._cache_call("outputs", mask.shape[1]) if self._cache_outputs else None
         past = self._cache_call("inputs")
         try:

@@ -6,6 +6,7 @@ shape. Arrays are numpy and batch-first.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -81,6 +82,11 @@ class GenerationContext:
         row_seeds: with per-row settings, the seed of each row this component serves
             (None: the row has none). A sampler then keeps one random stream per row, so
             a seeded row draws what it would draw alone; empty: one stream from ``seed``.
+        model_config: the model folder's ``config.json`` (read-only): facts a cache
+            backend needs, like ``sliding_window`` or the rotary settings.
+        model_state: a dict that lives as long as the loaded model, shared by every
+            request: where a backend keeps what outlives one request (the ``prefix``
+            cache's store). Key it by your plugin's name.
     """
 
     config: GenerationConfig
@@ -95,3 +101,5 @@ class GenerationContext:
     extras: dict[str, Any] = field(default_factory=dict)
     tokenizer: Any = None
     row_seeds: tuple[int | None, ...] = ()
+    model_config: Mapping[str, Any] = field(default_factory=dict)
+    model_state: dict[str, Any] = field(default_factory=dict)

@@ -30,7 +30,9 @@ MAX_POSITIONS = 128
 # Per arch: raised init std (see module doc) and whether the lm_head is tied to the
 # embeddings. gpt2 keeps its usual tying so the tied-weight export path is covered;
 # llama/qwen2 use 4 query heads over 2 KV heads to cover grouped-query attention.
-_INIT_STD = {"llama": 0.5, "gpt2": 0.2, "qwen2": 0.5}
+_INIT_STD = {"llama": 0.5, "gpt2": 0.2, "qwen2": 0.5, "mistral": 0.5}
+#: the tiny Mistral's sliding window (not in TINY_ARCHS: only window tests use it)
+SLIDING_WINDOW = 8
 
 
 def _config(arch: str) -> Any:
@@ -67,6 +69,10 @@ def _config(arch: str) -> Any:
         from transformers import Qwen2Config
 
         return Qwen2Config(**decoder)
+    if arch == "mistral":
+        from transformers import MistralConfig
+
+        return MistralConfig(**decoder, sliding_window=SLIDING_WINDOW)
     raise ValueError(f"unknown tiny arch {arch!r}; choose one of {TINY_ARCHS}")
 
 
