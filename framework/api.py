@@ -156,7 +156,10 @@ class TextGenerator:
         single = single and configs[0].num_return_sequences == 1  # then `text` is a str
         started = time.perf_counter()
         state = self._start(rows, configs, seeds)
-        stats: dict[str, float] = {"prompt_tokens": float(state.prompt_length)}
+        stats: dict[str, float] = {
+            "prompt_tokens": float(state.prompt_length),
+            "prefill_tokens": float(state.prefill_tokens),  # reused prefixes excluded
+        }
         try:
             while not state.is_done:
                 state.step()
@@ -450,19 +453,21 @@ class TextGenerator:
         )
 
     def _output(self, state: Generation, single: bool, stats: dict[str, float]) -> GenerationOutput:
-        results = state.search_results()
-        if results is not None:
-            return self._search_output(state, results, single)
-        tokens = [state.generated(r) for r in range(state.batch_size)]
-        texts = None
-        if self.tokenizer is not None:
-            texts = [state.text(r) for r in range(state.batch_size)]
-        reasons = [r or "error" for r in state.finish_reasons]
         steps = state.steps
         if "prefill_s" in stats and steps > 1 and "total_s" in stats:
             stats["decode_ms_per_token"] = (
                 1e3 * (stats["total_s"] - stats["prefill_s"]) / (steps - 1)
             )
+        results = state.search_results()
+        if results is not None:
+            output = self._search_output(state, results, single)
+            output.stats = stats
+            return output
+        tokens = [state.generated(r) for r in range(state.batch_size)]
+        texts = None
+        if self.tokenizer is not None:
+            texts = [state.text(r) for r in range(state.batch_size)]
+        reasons = [r or "error" for r in state.finish_reasons]
         text: str | list[str] | None = texts[0] if single and texts is not None else texts
         rows = range(state.batch_size)
         record = state.record

@@ -31,6 +31,8 @@ class BenchSettings:
     settings: dict[str, Any] | None = None
     quality: bool = True
     reference: str | None = None
+    trace: bool = False  # add "trace": [context length, step ms, KV bytes] per decode step
+    eval_tokens: int | None = None  # score only the first N tokens of the evaluation text
 
 
 class _TimedSession:
@@ -90,10 +92,12 @@ def run_bench(settings: BenchSettings) -> dict[str, Any]:
         first_token_s = time.perf_counter() - started
         prefill_runs = len(timed.seconds)
         step_s: list[float] = []
+        kv_bytes: list[int] = []
         while not state.is_done:
             step_started = time.perf_counter()
             state.step()
             step_s.append(time.perf_counter() - step_started)
+            kv_bytes.append(int(state.chain.cache.nbytes))
     finally:
         gen.model.session = timed._session
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -118,26 +122,35 @@ def run_bench(settings: BenchSettings) -> dict[str, Any]:
         "python_ms_per_token": _ms((decode_s - session_s) / steps) if steps else None,
         "peak_rss_mb": round(peak_rss_mb, 1),
         "kv_cache_bytes": int(state.chain.cache.nbytes),
+        "prefill_tokens": int(state.prefill_tokens),
         "greedy_tokens": state.generated(0),
         "agreement_top1": None,
         "perplexity": None,
     }
+    if settings.trace:
+        first = state.prompt_length + 1  # context length after the first decode step
+        report["trace"] = [
+            [first + i, _ms(s), b] for i, (s, b) in enumerate(zip(step_s, kv_bytes, strict=True))
+        ]
     if settings.quality and gen.tokenizer is not None:
-        report.update(quality_report(gen, settings.reference))
+        report.update(quality_report(gen, settings.reference, settings.eval_tokens))
     return report
 
 
-def quality_report(gen: Any, reference: str | None) -> dict[str, Any]:
+def quality_report(
+    gen: Any, reference: str | None, eval_tokens: int | None = None
+) -> dict[str, Any]:
     """Perplexity on the evaluation text, and top-1 agreement with ``reference``'s."""
     from .api import load
     from .quality import eval_ids, score_tokens
 
-    ids = eval_ids(gen)
+    ids = eval_ids(gen)[:eval_tokens]
     scores = score_tokens(gen, ids)
     result: dict[str, Any] = {"perplexity": round(scores.perplexity, 4), "eval_tokens": len(ids)}
     if reference is not None:
         reference_scores = score_tokens(load(reference, threads=gen.model.threads), ids)
         result["agreement_top1"] = round(scores.agreement(reference_scores), 4)
+        result["agreement_with"] = str(reference)
         result["reference_perplexity"] = round(reference_scores.perplexity, 4)
     return result
 
@@ -161,6 +174,7 @@ def format_report(report: dict[str, Any]) -> str:
         ("python ms/token", f"{report['python_ms_per_token']}"),
         ("peak RSS", f"{report['peak_rss_mb']:.0f} MB"),
         ("KV cache", f"{report['kv_cache_bytes'] / 1e6:.1f} MB"),
+        ("prefill tokens fed", f"{report['prefill_tokens']}"),
         ("perplexity", f"{report['perplexity']}"),
         ("top-1 agreement", f"{report['agreement_top1']}"),
     ]

@@ -213,11 +213,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
         new_tokens=args.new_tokens,
         threads=args.threads,
         batch=args.batch,
-        cache=_cache_spec(args.cache) if args.cache else None,
         settings=_settings(args),
         quality=not args.no_quality,
         reference=args.reference,
+        eval_tokens=args.eval_tokens,
     )
+    if args.cache:  # backends side by side, each in its own process
+        from .bench_caches import compare_caches, format_table
+
+        reports = compare_caches(settings, [_cache_spec(c) for c in args.cache], args.plot)
+        one = reports[0] if len(reports) == 1 else reports
+        print(json.dumps(one) if args.json else format_table(reports))
+        return 0
+    if args.plot:
+        raise OrtgenError("--plot draws KV-cache backends: give at least one --cache")
     report = run_bench(settings)
     print(json.dumps(report) if args.json else format_report(report))
     return 0
@@ -411,7 +420,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-ids", help="JSON file with the prompt's token ids")
     p.add_argument("--new-tokens", type=int, default=128, help="tokens per row (default 128)")
     p.add_argument("--batch", type=int, default=1, help="rows of mixed lengths (default 1)")
-    p.add_argument("--cache", help="KV cache NAME[:key=value,...] (default: static)")
+    p.add_argument(
+        "--cache",
+        action="append",
+        help="KV cache NAME[:key=value,...]; repeat to compare backends (each in its own "
+        "process; agreement is then with the dynamic cache)",
+    )
+    p.add_argument("--plot", metavar="FILE.png", help="with --cache: ms/token and KV MiB plot")
+    p.add_argument("--eval-tokens", type=int, help="score only this many tokens of the text")
     p.add_argument("--reference", help="fp32 model folder for top-1 agreement")
     p.add_argument("--no-quality", action="store_true", help="skip perplexity and agreement")
     _add_generation_flags(p, length=False)  # --new-tokens sets the length

@@ -165,6 +165,25 @@ class Generation:
             self._cache_call("remember", self._held_rows())
         return next_ids
 
+    def force(self, tokens: Sequence[int] = ()) -> np.ndarray:
+        """Teacher forcing: write ``tokens`` after every row, feed what the cache has not
+        seen, and return the logits for the next position (B, V), sampling nothing.
+
+        Scoring a text this way (perplexity, top-1 agreement) goes through the same
+        cache calls as generation, so a cache backend is measured as it runs. Rows are
+        not reopened and no text is kept: mix it with ``step()`` only knowingly.
+        """
+        width = len(tokens)
+        if width:
+            self.reserve(self.length + width)
+            self.ids[:, self.length : self.length + width] = np.asarray(tokens, dtype=np.int64)
+            self.mask[:, self.length : self.length + width] = 1
+            self.length += width
+            self._next_position += width
+        if self.fed >= self.length:
+            raise InputError("force() needs tokens the model has not seen")
+        return self._forward()
+
     def search_results(self) -> tuple[list[list[int]], list[float]] | None:
         """A search strategy's chosen sequences (generated tokens) and their scores, or
         None for samplers that pick one token per row (see ``finalize`` in the sampler
@@ -339,12 +358,28 @@ class Generation:
                 return logits[:, -1, :]
 
     def _forward_chunk(self, start: int, end: int) -> np.ndarray:
-        if self._packed_prefill and start < self.prompt_length:
+        if self._by_rows(start, end):
             return self._forward_rows(start, end)
         positions = None
         if self.model.signature.has_position_ids:
             positions = self._positions(start, end)
         return self._run(self.ids[:, start:end], self.mask[:, :end], positions)
+
+    def _by_rows(self, start: int, end: int) -> bool:
+        """Whether positions [start, end) go row by row: on a shared-buffer graph, for
+        rows packed differently (padding, reused prefixes), and for any several-token
+        forward of a batch on top of a past (GroupQueryAttention takes those only for
+        one row: later prefill chunks, appended turns)."""
+        if not self.model.signature.shared_kv or start >= self.prompt_length:
+            return False
+        several = self.batch_size > 1 and start > 0 and end - start > 1
+        if several and not hasattr(self.chain.cache, "select"):  # packed: checked at start
+            raise InputError(
+                f"kv cache {self.chain.cache_name!r} cannot feed a batch row by row, which "
+                f"this graph ({self.model.path}) needs for {end - start} tokens per row on top "
+                "of a past; use cache='static' (the default)"
+            )
+        return self._packed_prefill or several
 
     def _positions(self, start: int, end: int) -> np.ndarray:
         """Hugging Face's position ids for positions [start, end) of every row."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,8 +23,6 @@ if TYPE_CHECKING:
     from .api import TextGenerator
 
 EVAL_TEXT = Path(__file__).parent / "data" / "eval_text.txt"
-#: Positions per forward for graphs that return every position's logits.
-CHUNK = 256
 
 
 @dataclass
@@ -52,47 +50,26 @@ def eval_ids(gen: TextGenerator) -> list[int]:
     return tokenizer.encode(EVAL_TEXT.read_text(encoding="utf-8"), add_special_tokens=False)
 
 
-def score_tokens(gen: TextGenerator, ids: list[int]) -> TextScores:
-    """Teacher-force ``ids`` through ``gen``'s model with its default (static) KV cache."""
+def score_tokens(gen: TextGenerator, ids: list[int], cache: Any = None) -> TextScores:
+    """Teacher-force ``ids`` through ``gen``'s model, one token per forward, with
+    ``cache`` (a cache name or spec; None: the graph's default).
+
+    One token at a time is how a fused graph (last position's logits only) must be fed
+    anyway, and it is how decoding sees the cache: a windowed or quantized cache is
+    scored exactly as it generates.
+    """
     if len(ids) < 2:
         raise ValueError("scoring needs at least two tokens")
-    model = gen.model
-    config = gen.resolve_config({"max_new_tokens": 1}).config
-    ctx = gen._context([ids], config)
-    cache = gen.registry.create("kv_cache", "static", {}, ctx)
+    state = gen.start([ids[:1]], max_new_tokens=1, eos_token_id=None, cache=cache)
     targets = np.asarray(ids[1:], dtype=np.int64)
     nll = np.empty(len(targets), dtype=np.float64)
     top1 = np.empty(len(targets), dtype=np.int64)
-    fed, width = 0, 1  # one token first: it tells whether the graph returns every position
-    while fed < len(targets):
-        end = min(fed + width, len(targets))
-        logits = _forward(model, cache, ids, fed, end)
-        if logits.shape[0] != end - fed:  # only the last position's logits: go one by one
-            cache.crop(fed)
-            width = 1
-            continue
-        logp = _log_softmax(logits)
-        nll[fed:end] = -logp[np.arange(end - fed), targets[fed:end]]
-        top1[fed:end] = logits.argmax(axis=-1)
-        fed = end
-        if fed == 1 and width == 1:
-            width = CHUNK
+    logits = state.force()
+    for position, target in enumerate(targets.tolist()):
+        row = logits[0].astype(np.float64)
+        peak = row.max()
+        nll[position] = peak + np.log(np.exp(row - peak).sum()) - row[target]
+        top1[position] = int(row.argmax())
+        if position + 1 < len(targets):
+            logits = state.force([target])
     return TextScores(nll, top1)
-
-
-def _forward(model, cache, ids: list[int], start: int, end: int) -> np.ndarray:
-    """Logits (T', V) for feeding ids[start:end] on top of what the cache holds."""
-    x = np.asarray([ids[start:end]], dtype=np.int64)
-    mask = np.ones((1, end), dtype=np.int64)
-    positions = (
-        np.arange(start, end, dtype=np.int64)[None] if model.signature.has_position_ids else None
-    )
-    presents = cache.outputs(end)
-    logits, presents = model.forward(x, mask, positions, cache.inputs(), presents)
-    cache.update(presents)
-    return np.array(logits[0], dtype=np.float64)
-
-
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))

@@ -32,6 +32,7 @@ class DynamicCache:
 
     def __init__(self, *, ctx: GenerationContext) -> None:
         signature = _signature(ctx, "dynamic")
+        self.signature = signature  # the graph these keys/values belong to
         self._names = signature.past_inputs
         empty = np.zeros(
             (ctx.batch_size, signature.num_kv_heads, 0, signature.head_dim), signature.kv_dtype
@@ -77,6 +78,7 @@ class StaticCache:
 
     def __init__(self, *, ctx: GenerationContext, capacity: int | None = None) -> None:
         signature = _signature(ctx, "static")
+        self.signature = signature  # the graph these keys/values belong to
         if capacity is not None and (not isinstance(capacity, int) or capacity < 1):
             raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
         self._names = signature.past_inputs

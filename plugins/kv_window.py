@@ -45,7 +45,7 @@ def declared_window(config: Any) -> int | None:
 
 
 def sliding_window_cache(
-    *, ctx: GenerationContext, window: int | None = None, sink: int = 0
+    *, ctx: GenerationContext, window: int | None = None, sink: int = 0, evict: int = 1
 ) -> RingWindowCache | SharedWindowCache:
     """The ``sliding_window`` backend for the model's graph family (see module doc).
 
@@ -53,6 +53,10 @@ def sliding_window_cache(
         window: positions each step attends to, the new one included (default: the
             model's declared ``sliding_window``; required when it declares none).
         sink: first tokens of each row kept for good (default 0; StreamingLLM uses 4).
+        evict: fused graphs: positions dropped at once when the window is full (default
+            1). Moving the window costs O(window) there, so dropping 8 or 16 at a time
+            divides that cost for a window that briefly spans fewer positions. Optimum
+            graphs move their window for free, one position at a time, and ignore it.
     """
     if ctx.signature is None:
         raise ValueError("the sliding_window cache needs the model's graph signature in ctx")
@@ -67,6 +71,8 @@ def sliding_window_cache(
         raise ValueError(f"window must be an integer of at least 2, got {window!r}")
     if not isinstance(sink, int) or isinstance(sink, bool) or sink < 0:
         raise ValueError(f"sink must be a non-negative integer, got {sink!r}")
+    if not isinstance(evict, int) or isinstance(evict, bool) or not 1 <= evict < window:
+        raise ValueError(f"evict must be an integer in [1, window), got {evict!r}")
     shared = ctx.signature.shared_kv
     exact = declared == window and sink == 0 and not shared
     if not exact:
@@ -76,8 +82,9 @@ def sliding_window_cache(
             "the full cache once the sequence outgrows the window",
             stacklevel=3,
         )
-    kind = SharedWindowCache if shared else RingWindowCache
-    return kind(ctx, window, sink, exact=exact)
+    if shared:
+        return SharedWindowCache(ctx, window, sink, exact=exact, evict=evict)
+    return RingWindowCache(ctx, window, sink, exact=exact)
 
 
 def _lifts_context(signature: Any) -> bool:
@@ -216,15 +223,25 @@ class RingWindowCache(_WindowBase):
 class SharedWindowCache(_WindowBase):
     """fused graphs: one buffer per tensor bound as past and present (the graph writes
     the new keys/values at each row's slot); the window moves by shifting and
-    re-rotating the kept keys."""
+    re-rotating the kept keys.
 
-    def __init__(self, ctx: GenerationContext, window: int, sink: int, *, exact: bool) -> None:
+    All layers' keys live in one array and all values in another, so moving the window
+    is a few numpy operations whatever the layer count; ``evict`` positions go at once,
+    so that work happens once every ``evict`` steps (the window then spans between
+    ``window - evict + 1`` and ``window`` positions).
+    """
+
+    def __init__(
+        self, ctx: GenerationContext, window: int, sink: int, *, exact: bool, evict: int = 1
+    ) -> None:
         super().__init__(ctx, window, sink, exact=exact)
         sig = ctx.signature
         self.capacity = self.sink + self.window  # the window's tokens plus the new one
-        shape = (ctx.batch_size, sig.num_kv_heads, self.capacity, sig.head_dim)
-        self.arrays = [np.zeros(shape, sig.kv_dtype) for _ in sig.past_inputs]
-        self._keys = [i for i, name in enumerate(sig.past_inputs) if name.endswith(".key")]
+        self.evict = evict
+        layers = sig.num_layers
+        shape = (layers, ctx.batch_size, sig.num_kv_heads, self.capacity, sig.head_dim)
+        self._k = np.zeros(shape, sig.kv_dtype)
+        self._v = np.zeros(shape, sig.kv_dtype)
         self._shifter = KeyShifter(
             inverse_frequencies(ctx.model_config, sig.head_dim), np.dtype(sig.kv_dtype)
         )
@@ -240,6 +257,10 @@ class SharedWindowCache(_WindowBase):
         self._bind()
 
     @property
+    def arrays(self) -> list[np.ndarray]:  # type: ignore[override]
+        return [self._k, self._v]
+
+    @property
     def held(self) -> int:
         return int(self._counts.max(initial=0))
 
@@ -248,8 +269,12 @@ class SharedWindowCache(_WindowBase):
         return int(self._seen.max(initial=0))
 
     def _bind(self, row: int | None = None) -> None:
-        arrays = self.arrays if row is None else [a[row : row + 1] for a in self.arrays]
-        self._values = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
+        rows = slice(None) if row is None else slice(row, row + 1)
+        views = []
+        for name in self._names:  # past_key_values.{layer}.{key|value}
+            layer = int(name.split(".")[1])
+            views.append((self._k if name.endswith(".key") else self._v)[layer, rows])
+        self._values = [ort.OrtValue.ortvalue_from_numpy(v) for v in views]
         self._feeds = dict(zip(self._names, self._values, strict=True))
 
     def select(self, row: int | None) -> None:
@@ -265,7 +290,8 @@ class SharedWindowCache(_WindowBase):
         rows = self._rows()
         room = self.capacity - new
         for row in rows[self._counts[rows] > room].tolist():
-            self._evict(row, int(self._counts[row]) - room)
+            needed = int(self._counts[row]) - room
+            self._evict(row, min(max(needed, self.evict), int(self._counts[row]) - self.sink))
         counts = self._counts[rows] + new
         self._pending = new
         return (np.arange(int(counts.max())) < counts[:, None]).astype(np.int64)
@@ -273,13 +299,12 @@ class SharedWindowCache(_WindowBase):
     def _evict(self, row: int, drop: int) -> None:
         """Forget the row's ``drop`` oldest non-sink positions: shift the rest back."""
         start, end = self.sink + drop, int(self._counts[row])
-        kept = end - start
-        for index, array in enumerate(self.arrays):
-            segment = array[row, :, self.sink : self.sink + kept]
-            segment[...] = array[row, :, start:end]
-            if index in self._keys:
-                self._shifter.shift_back(segment, drop)
-        self._counts[row] = self.sink + kept
+        kept = slice(self.sink, end - drop)
+        self._v[:, row, :, kept] = self._v[:, row, :, start:end]
+        keys = self._k[:, row, :, kept]
+        keys[...] = self._k[:, row, :, start:end]
+        self._shifter.shift_back(keys, drop)
+        self._counts[row] = end - drop
         self._evicted = True
 
     def inputs(self) -> dict[str, Any]:
@@ -296,11 +321,12 @@ class SharedWindowCache(_WindowBase):
         self._seen[rows] += self._pending
 
     def reorder(self, rows: np.ndarray) -> None:
-        if len(rows) == len(self._counts):
-            for array in self.arrays:
-                array[...] = array[rows]
+        if len(rows) == len(self._counts):  # in place: the bound buffers stay
+            self._k[...] = self._k[:, rows]
+            self._v[...] = self._v[:, rows]
         else:
-            self.arrays = [np.ascontiguousarray(a[rows]) for a in self.arrays]
+            self._k = np.ascontiguousarray(self._k[:, rows])
+            self._v = np.ascontiguousarray(self._v[:, rows])
         self._counts = self._counts[rows]
         self._seen = self._seen[rows]
         self._bind()
