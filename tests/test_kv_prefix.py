@@ -119,3 +119,24 @@ def test_a_cache_of_another_model_is_refused(tiny_model_dirs, fused_model_dirs) 
 def test_bad_max_bytes_is_named(tiny_llama_gen) -> None:
     with pytest.raises(ConfigError, match="max_bytes must be a non-negative integer"):
         _run(tiny_llama_gen, BASE, {"name": "prefix", "max_bytes": -1})
+
+
+def test_a_batch_of_conversations_reuses_each_history(reference_gen) -> None:
+    """Chat with several rows: each conversation's next turn, sent as a batch with
+    ``cache="prefix"``, feeds only what is new in that conversation, and answers as the
+    full prompt would (fp32 graph: other chunkings round the same)."""
+    gen = reference_gen
+    chats = [
+        [{"role": "user", "content": "Name a colour."}],
+        [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "Hi!"}],
+    ]
+    settings = dict(max_new_tokens=12, do_sample=False, cache="prefix")
+    first = gen.generate([{"messages": c} for c in chats], **settings)
+    for chat, answer in zip(chats, first.text, strict=True):
+        chat += [{"role": "assistant", "content": answer}, {"role": "user", "content": "More."}]
+    rows = [{"messages": c} for c in chats]
+    second = gen.generate(rows, **settings)
+    prompts = [gen.chat_prompt(c) for c in chats]
+    assert second.stats["prefill_tokens"] < 0.5 * sum(map(len, prompts))
+    fresh = gen.generate(rows, **{**settings, "cache": "static"})
+    assert second.tokens == fresh.tokens
