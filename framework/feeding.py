@@ -1,0 +1,178 @@
+"""Feeding the model: what a ``Generation`` sends through the graph, and the cache's view.
+
+Split out of ``generate.py`` so the step object reads as the loop (forward → processors
+→ sampler → append → stop) and this file as the feeding rules: prefill in chunks, rows
+one at a time where a shared-buffer graph needs it, what a cache already holds
+(``reuse``), and what it lets the graph see (``feed_mask``). ``Feeding`` is a mixin of
+``Generation`` and uses its buffers (``ids``, ``mask``, ``length``, ``fed``, ``_pads``,
+``_reused``, ``chain``, ``model``, ``steps``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .chain import Chain
+from .errors import ComponentError, InputError
+from .model import ExportedModel
+
+#: Most positions fed to the model in one forward (see ``Feeding._forward``).
+PREFILL_CHUNK = 256
+
+
+class Feeding:
+    """How a step object feeds its model (see module doc)."""
+
+    # -- the cache's view ------------------------------------------------------------
+
+    def _check_cache_signature(self, chain: Chain, model: ExportedModel) -> None:
+        """A cache belongs to the graph it was made for: keys/values of another model
+        (other layers, heads or sizes, or other weights' meaning) are never valid input."""
+        signature = getattr(chain.cache, "signature", None)
+        if signature is not None and signature != model.signature:
+            raise InputError(
+                f"kv cache {chain.cache_name!r} was made for another model's graph and "
+                f"cannot be used with {model.path}: a KV cache holds one model's keys/values"
+            )
+
+    def _reuse(self, prompts: list[list[int]]) -> np.ndarray:
+        """Ask a cache that keeps keys/values across requests how much of each prompt it
+        holds already (``reuse(prompts)``, at most all but the last token of each row)."""
+        held = np.zeros(len(prompts), dtype=np.int64)
+        if not hasattr(self.chain.cache, "reuse"):
+            return held
+        counts = self._cache_call("reuse", prompts)
+        if len(counts) != len(prompts) or any(
+            not 0 <= int(c) < max(len(p), 1) for c, p in zip(counts, prompts, strict=True)
+        ):
+            raise ComponentError(
+                f"kv cache {self.chain.cache_name!r} reuse() returned {list(counts)}; expected "
+                "one count per row, each below that row's prompt length"
+            )
+        held[:] = counts
+        return held
+
+    def _first_unfed(self) -> int:
+        """The buffer index feeding starts at when rows share one sequence axis (concat
+        graphs, or shared-buffer graphs whose rows line up): reused prefixes count only as
+        far as every row has one; the cache forgets the rest."""
+        if not self._reused.any():
+            return 0
+        starts = self._pads + self._reused
+        fed = int(starts.min())
+        if (starts != fed).any():
+            self._cache_call("crop", fed)
+        return fed
+
+    def _held_rows(self) -> list[list[int]]:
+        """Each row's real tokens whose keys/values the cache holds (no padding)."""
+        rows = []
+        for row in range(self.batch_size):
+            pad = int(self._pads[row])
+            rows.append(self.ids[row, pad : min(self._end(row), self.fed)].tolist())
+        return rows
+
+    def _forward(self) -> np.ndarray:
+        """Feed what the cache has not seen, in chunks; return the last position's logits (B, V).
+
+        The graph returns logits for every fed position, (B, T, V) float32: 200 MB for a
+        1,024-token prompt with a 49k vocabulary. Feeding at most ``prefill_chunk``
+        positions per forward bounds that, and the cache makes the chunks add up to
+        the same result as one forward.
+        """
+        chunk = min(self.prefill_chunk, getattr(self.chain.cache, "max_feed", None) or 1 << 30)
+        while True:
+            start = self.fed
+            end = min(self.length, start + chunk)
+            logits = self._forward_chunk(start, end)
+            self.fed = end
+            if end == self.length:
+                self._reused[:] = 0  # prefilled: from now on every row's cache is complete
+                return logits[:, -1, :]
+
+    def _forward_chunk(self, start: int, end: int) -> np.ndarray:
+        if self._by_rows(start, end):
+            return self._forward_rows(start, end)
+        positions = None
+        if self.model.signature.has_position_ids:
+            positions = self._positions(start, end)
+        return self._run(self.ids[:, start:end], self.mask[:, :end], positions)
+
+    def _by_rows(self, start: int, end: int) -> bool:
+        """Whether positions [start, end) go row by row: on a shared-buffer graph, for
+        rows packed differently (padding, reused prefixes), and for any several-token
+        forward of a batch on top of a past (GroupQueryAttention takes those only for
+        one row: later prefill chunks, appended turns)."""
+        if not self.model.signature.shared_kv or start >= self.prompt_length:
+            return False
+        several = self.batch_size > 1 and start > 0 and end - start > 1
+        if several and not hasattr(self.chain.cache, "select"):  # packed: checked at start
+            raise InputError(
+                f"kv cache {self.chain.cache_name!r} cannot feed a batch row by row, which "
+                f"this graph ({self.model.path}) needs for {end - start} tokens per row on top "
+                "of a past; use cache='static' (the default)"
+            )
+        return self._packed_prefill or several
+
+    def _positions(self, start: int, end: int) -> np.ndarray:
+        """Hugging Face's position ids for positions [start, end) of every row."""
+        if start < self.prompt_length:  # cumsum(mask) - 1, and 1 at pads
+            seen = self.mask[:, :end]
+            return np.where(seen == 0, 1, np.cumsum(seen, axis=1) - 1)[:, start:]
+        # every token from the prompt on is real: count back from the next position
+        return self._next_position[:, None] - (self.length - start) + np.arange(end - start)
+
+    def _forward_rows(self, start: int, end: int) -> np.ndarray:
+        """Prefill positions [start, end) row by row, without the left padding.
+
+        A shared-buffer graph keeps each row's keys/values from position 0 and reads a
+        row's length from its mask, so a padded row is fed only its real tokens; the
+        cache exposes one row at a time. Returns each row's last logits, (B, 1, V).
+        """
+        last = end == self.length  # only the last chunk's logits are used
+        rows = []
+        try:
+            for row in range(self.batch_size):
+                pad = int(self._pads[row])
+                first = max(start, pad + int(self._reused[row]))  # reused: already held
+                if first >= end:  # this chunk is all padding for the row (never the last)
+                    continue
+                self._cache_call("select", row)
+                mask = np.ones((1, end - pad), dtype=np.int64)
+                logits = self._run(self.ids[row : row + 1, first:end], mask, None)
+                if last:
+                    rows.append(logits[:, -1:].copy())
+        finally:
+            self._cache_call("select", None)
+        if not last:
+            return np.empty((self.batch_size, 1, 0), dtype=np.float32)
+        return np.concatenate(rows, axis=0)
+
+    def _run(self, input_ids: np.ndarray, mask: np.ndarray, positions: np.ndarray | None):
+        """One forward: past (and present buffers, if the cache owns them) from the cache.
+
+        The present buffers are asked for first: a cache that must grow to hold the
+        forward's positions does so there, and then feeds its grown buffers as the past.
+        """
+        if self._cache_feeds_mask:  # the cache holds a subset: it says what the graph sees
+            mask = self._cache_call("feed_mask", mask, input_ids.shape[1])
+        presents = self._cache_call("outputs", mask.shape[1]) if self._cache_outputs else None
+        past = self._cache_call("inputs")
+        try:
+            logits, presents = self.model.forward(input_ids, mask, positions, past, presents)
+        except Exception as exc:  # onnxruntime rejects what the cache fed, typically
+            raise ComponentError(
+                f"model forward failed at step {self.steps} with kv cache "
+                f"{self.chain.cache_name!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+        self._cache_call("update", presents)
+        return logits
+
+    def _cache_call(self, method: str, *args):
+        try:
+            return getattr(self.chain.cache, method)(*args)
+        except Exception as exc:
+            raise ComponentError(
+                f"kv cache {self.chain.cache_name!r} failed in {method}() at step {self.steps}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
