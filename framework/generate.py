@@ -318,18 +318,24 @@ class Generation(Feeding):
         input_ids = self.ids[:, : self.length]
         for rows, chain in self._groups:
             ids, group_scores = self._group_view(rows, chain, input_ids, scores)
-            for name, criterion in chain.stopping:
-                done = self._call("stopping criterion", name, criterion, ids, group_scores)
-                done = check_stop(name, done, ids.shape[0], self.steps)
-                newly = np.flatnonzero(done)
-                if rows is not None:
-                    newly = rows[newly]
-                reason = getattr(criterion, "finish_reason", name)
-                for row in newly.tolist():
-                    self.finish(row, reason)
+            self._stop_group(rows, chain, ids, group_scores)
         if self.length >= self.ids.shape[1]:
             for row in np.flatnonzero(self.unfinished):
                 self.finish(int(row), "length")
+
+    def _stop_group(
+        self, rows: np.ndarray | None, chain: Chain, ids: np.ndarray, scores: np.ndarray
+    ) -> None:
+        """Run one settings group's stopping criteria and finish the rows they end."""
+        for name, criterion in chain.stopping:
+            done = self._call("stopping criterion", name, criterion, ids, scores)
+            done = check_stop(name, done, ids.shape[0], self.steps)
+            newly = np.flatnonzero(done)
+            if rows is not None:
+                newly = rows[newly]
+            reason = getattr(criterion, "finish_reason", name)
+            for row in newly.tolist():
+                self.finish(row, reason)
 
     def _reopen(self) -> None:
         self.unfinished[:] = True

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -22,7 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api import StreamPiece, TextGenerator
+from ..chain import build_chain
 from ..errors import InputError
+from .batch import ContinuousBatch, SlotCache
 
 #: what ends a row's piece stream when the engine itself fails the row
 _ERROR = "error"
@@ -110,6 +113,8 @@ class Engine:
         self._accepting = True
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="ortgen-engine", daemon=True)
+        self._cache: SlotCache | None = None  # made with the first request
+        self._pad = gen.resolve_config({}).config.padding_id
 
     # -- the HTTP side -------------------------------------------------------------
 
@@ -120,6 +125,8 @@ class Engine:
         """Raise ``ConfigError``/``InputError`` naming what is wrong with one row."""
         config = self.gen.resolve_config(settings).config
         self.gen.prompts.check_ids(prompt, 0)
+        if config.cache is not None:
+            raise InputError("the server manages the KV cache itself; remove `cache`")
         if config.num_beams != 1 or config.num_return_sequences != 1:
             raise InputError(
                 "the server runs one sequence per row: num_beams and "
@@ -171,18 +178,154 @@ class Engine:
     # -- the engine thread ------------------------------------------------------------
 
     def _run(self) -> None:
+        if self.gen.model.signature.shared_kv:
+            self._run_batched()
+        else:
+            self._run_one_by_one()
+
+    def _next_waiting(self, room: int, block: bool) -> list[RowHandle] | None:
+        """Up to ``room`` waiting rows; with ``block``, wait for one first. None: stop."""
+        with self._wake:
+            while block and not self._waiting and not self._stopped:
+                self._wake.wait()
+            if self._stopped:
+                return None
+            taken = []
+            while self._waiting and len(taken) < room:
+                taken.append(self._waiting.popleft())
+            self.stats.queue_length = len(self._waiting)
+            return taken
+
+    def _run_batched(self) -> None:
+        """Continuous batching (see ``ortgen.serve.batch``): between two steps, waiting rows
+        join and cancelled ones leave; after a step, finished ones leave."""
+        batch: ContinuousBatch | None = None
+        rows: list[RowHandle] = []
         while True:
-            with self._wake:
-                while not self._waiting and not self._stopped:
-                    self._wake.wait()
-                if self._stopped and not self._waiting:
-                    return
-                handle = self._waiting.popleft()
-                self.stats.queue_length = len(self._waiting)
-            self._serve_one(handle)
+            joining = self._next_waiting(self.max_batch - len(rows), block=batch is None)
+            if joining is None:
+                for handle in rows:
+                    self._finish(handle, "cancelled")
+                return
+            for handle in joining:
+                batch = self._admit(batch, rows, handle)
+            if batch is None:
+                continue
+            cancelled = [r for r, h in enumerate(rows) if h.cancelled.is_set()]
+            if cancelled:
+                batch, rows = self._leave(batch, rows, cancelled, "cancelled")
+                if batch is None:
+                    continue
+            self.stats.batch_size = len(rows)
+            started = time.perf_counter()
+            try:
+                next_ids = batch.step()
+            except Exception as exc:  # the model itself failed: every row ends
+                for handle in rows:
+                    handle.fail(exc)
+                    self._finish(handle, "failed")
+                batch, rows = None, []
+                self.stats.batch_size = 0
+                continue
+            self._rate(len(rows), time.perf_counter() - started)
+            for row, handle in enumerate(rows):
+                error = batch.errors[row]
+                if error is not None:  # its own component raised: only this row ends
+                    handle.fail(error)
+                else:
+                    handle.push(self._piece(batch, row, int(next_ids[row])))
+            done = [r for r in range(len(rows)) if not batch.unfinished[r]]
+            if done:
+                batch, rows = self._leave(batch, rows, done, None)
+            self.stats.batch_size = len(rows)
+
+    def _admit(
+        self, batch: ContinuousBatch | None, rows: list[RowHandle], handle: RowHandle
+    ) -> ContinuousBatch | None:
+        """Prefill ``handle``'s row into the batch (starting one if there is none)."""
+        if handle.cancelled.is_set():
+            self._finish(handle, "cancelled")
+            return batch
+        try:
+            chain, logprobs = self._chain(handle)
+            if batch is None:
+                batch = ContinuousBatch(
+                    self.gen.model, chain, handle.prompt, pad_token_id=self._pad,
+                    tokenizer=self.gen.tokenizer, logprobs=logprobs,
+                )  # fmt: skip
+            else:
+                batch.join(handle.prompt, chain, logprobs=logprobs)
+        except Exception as exc:  # its settings or components could not be set up
+            handle.fail(exc)
+            self._finish(handle, "failed")
+            return batch
+        rows.append(handle)
+        return batch
+
+    def _leave(
+        self, batch: ContinuousBatch, rows: list[RowHandle], gone: list[int], outcome: str | None
+    ) -> tuple[ContinuousBatch | None, list[RowHandle]]:
+        for row in gone:
+            handle = rows[row]
+            if outcome is not None:
+                self._finish(handle, outcome)
+            elif batch.errors[row] is not None:
+                self._finish(handle, "failed")
+            else:
+                self._finish(handle, "finished")
+        order = batch.leave(gone)
+        kept = [rows[i] for i in order]
+        return (batch if kept else None), kept
+
+    def _chain(self, handle: RowHandle) -> tuple[Any, int]:
+        """The row's own components (one row, its settings and seed) over the shared cache,
+        and how many logprob alternatives it wants (-1: none)."""
+        config = self.gen.resolve_config(handle.settings).config
+        ctx = self.gen._context([handle.prompt], config)
+        if self._cache is None:
+            self._cache = self._slot_cache(config)
+        chain = build_chain(self.gen.registry, ctx, cache=("static", self._cache))
+        wanted = config.top_logprobs if (config.logprobs or config.top_logprobs) else -1
+        return chain, wanted
+
+    def _slot_cache(self, config: Any) -> SlotCache:
+        """One cache for every row: ``max_batch`` rows of the model's whole context (the OS
+        backs only the pages rows use)."""
+        context = self.gen.model.max_context or 4096
+        ctx = self.gen._context([[0]], config)
+        ctx = dataclasses.replace(ctx, batch_size=self.max_batch, max_length=context)
+        return SlotCache(ctx=ctx, capacity=context)
+
+    def _piece(self, batch: ContinuousBatch, row: int, token: int) -> StreamPiece:
+        logged = batch.record.last[row] if batch.record.top[row] >= 0 else None
+        return StreamPiece(
+            text=batch.new_text(row) if batch.tokenizer is not None else "",
+            token=token,
+            logprob=logged[0] if logged else None,
+            top_logprobs=logged[1] if logged and batch.record.top[row] > 0 else None,
+            finish_reason=None if batch.unfinished[row] else batch.finish_reasons[row],
+        )
+
+    def _rate(self, rows: int, seconds: float) -> None:
+        """Decode tokens/s, smoothed over recent steps."""
+        self.stats.generated_tokens += rows
+        if seconds > 0:
+            rate = rows / seconds
+            previous = self.stats.decode_tokens_per_s
+            self.stats.decode_tokens_per_s = rate if not previous else 0.9 * previous + 0.1 * rate
+
+    def _run_one_by_one(self) -> None:
+        """Graphs whose rows share one sequence axis (optimum exports) cannot take a row
+        joining mid-way: their requests run one after another."""
+        while True:
+            taken = self._next_waiting(1, block=True)
+            if taken is None:
+                return
+            for handle in taken:
+                self._serve_one(handle)
 
     def _serve_one(self, handle: RowHandle) -> None:
-        """One row alone (the first engine; continuous batching replaces this)."""
+        """One row alone."""
         if handle.cancelled.is_set():
             self._finish(handle, "cancelled")
             return
@@ -194,18 +337,19 @@ class Engine:
                 if handle.cancelled.is_set():
                     self._finish(handle, "cancelled")
                     return
+                started = time.perf_counter()
                 token = int(state.step()[0])
+                self._rate(1, time.perf_counter() - started)
                 done = state.is_done
                 handle.push(
                     StreamPiece(
-                        text=state.new_text(0),
+                        text=state.new_text(0) if state.tokenizer is not None else "",
                         token=token,
                         logprob=state.logprobs(0)[-1] if record.want_logprobs else None,
                         top_logprobs=state.top_logprobs(0)[-1] if record.top else None,
                         finish_reason=state.finish_reasons[0] if done else None,
                     )
                 )
-                self.stats.generated_tokens += 1
             self._finish(handle, "finished")
         except Exception as exc:  # a plugin or the model failed: only this row ends
             handle.fail(exc)

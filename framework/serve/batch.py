@@ -1,0 +1,267 @@
+"""Continuous batching: requests join a running batch at a step boundary and leave it
+the moment they finish.
+
+A shared-buffer (fused) graph keeps each row's keys/values from position 0 and reads
+each row's length from its attention mask, so rows of one batch need not line up: a new
+request is prefilled alone into a free row of the cache (its prompt all but the last
+token), and from the next step it decodes with the others, one token per row per
+forward. Its components see its row alone, without the batch's left padding (``solo``
+chains), so a request gives what it gives sent alone; a component that raises fails
+only its own row.
+
+The cache (:class:`SlotCache`) is preallocated for ``max_batch`` rows and the model's
+context; the OS backs only the pages rows touch, and a row that leaves is filled by the
+last row, so leaving moves one row's keys/values, not the batch's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from ortgen.plugins.caches import StaticCache
+
+from ..chain import Chain
+from ..errors import InputError
+from ..generate import Generation
+from ..model import ExportedModel
+from ..step_record import log_softmax
+from ..text import RowText, Tokenizer
+
+
+class SlotCache(StaticCache):
+    """A static cache on a shared-buffer graph with room for ``max_batch`` rows, of which
+    the first ``active`` are fed."""
+
+    def __init__(self, *, ctx: Any, capacity: int | None = None) -> None:
+        super().__init__(ctx=ctx, capacity=capacity)
+        if not self._shared:
+            raise InputError("continuous batching needs a shared-buffer (fused) graph")
+        self.active = 1
+        self.select(None)
+
+    def _allocate(self, capacity: int) -> None:
+        super()._allocate(capacity)
+        if hasattr(self, "active"):  # grown: expose the active rows of the new buffers
+            self.select(None)
+
+    def select(self, row: int | None) -> None:
+        if row is None:
+            self._expose(
+                [ort.OrtValue.ortvalue_from_numpy(b[: self.active]) for b in self._buffers]
+            )
+        else:
+            super().select(row)
+
+    def set_active(self, rows: int) -> None:
+        """Feed the first ``rows`` rows (a row joined: it is the last one)."""
+        if rows > self._rows:
+            raise InputError(f"the batch is full ({self._rows} rows)")
+        self.active = rows
+        self.select(None)
+
+    def keep(self, order: np.ndarray) -> None:
+        """Row ``i`` becomes row ``order[i]``; rows past ``len(order)`` are dropped.
+        ``order`` moves rows only down (a tail row into a freed slot), so copying in
+        place never overwrites a row still to be moved."""
+        for target, source in enumerate(order.tolist()):
+            if source != target:
+                for buffer in self._buffers:
+                    buffer[target] = buffer[source]
+        self.set_active(len(order))
+
+
+class RowLogs:
+    """Per row, the logprob of the token just chosen and its best alternatives, computed
+    only for rows that asked (``top`` >= 0: that many alternatives)."""
+
+    active = True
+
+    def __init__(self) -> None:
+        self.top: list[int] = []
+        self.last: list[tuple[float, list[tuple[int, float]]] | None] = []
+
+    def reserve(self, capacity: int) -> None:  # the loop's StepRecord hook; nothing to grow
+        pass
+
+    def forget_steps(self, count: int) -> None:
+        pass
+
+    def record(self, position: int, next_ids: np.ndarray, logits: Any, scores: Any) -> None:
+        for row, top in enumerate(self.top):
+            if top < 0:
+                continue
+            logprobs = log_softmax(scores[row : row + 1])[0]
+            chosen = float(logprobs[next_ids[row]])
+            best: list[tuple[int, float]] = []
+            if top:
+                ids = np.argpartition(-logprobs, top - 1)[:top]
+                order = np.lexsort((ids, -logprobs[ids]))
+                best = [(int(i), float(logprobs[i])) for i in ids[order]]
+            self.last[row] = (chosen, best)
+
+
+class ContinuousBatch(Generation):
+    """A ``Generation`` whose rows are independent requests that join and leave."""
+
+    def __init__(
+        self,
+        model: ExportedModel,
+        chain: Chain,
+        prompt: list[int],
+        *,
+        pad_token_id: int,
+        tokenizer: Tokenizer | None,
+        logprobs: int = -1,
+    ) -> None:
+        if not model.signature.shared_kv:
+            raise InputError("continuous batching needs a shared-buffer (fused) graph")
+        chain.cache.set_active(1)  # a cache kept from an earlier batch starts over
+        super().__init__(
+            model, chain, [prompt], max_length=len(prompt) + 2, pad_token_id=pad_token_id,
+            tokenizer=tokenizer,
+        )  # fmt: skip
+        self._row_chains = [chain]
+        self.errors: list[Exception | None] = [None]
+        self.record = RowLogs()  # type: ignore[assignment]
+        self.record.top.append(logprobs)
+        self.record.last.append(None)
+        self._regroup()
+        self._prefill_row(0, 0, self.length - 1)  # every step is then one token per row
+        self.fed = self.length - 1
+
+    # -- joining and leaving ------------------------------------------------------------
+
+    def join(self, prompt: list[int], chain: Chain, *, logprobs: int = -1) -> int:
+        """Add a request as the last row and prefill it; returns its row. Call between
+        steps (after the first)."""
+        if not prompt:
+            raise InputError("an empty prompt cannot join")
+        if len(prompt) > self.length:  # room on the left for the longer prompt
+            self._shift(len(prompt) - self.length)
+        row = self.batch_size
+        self.chain.cache.set_active(row + 1)
+        self.reserve(self.length + 2)
+        width = self.ids.shape[1]
+        ids = np.full((1, width), self.pad_token_id, dtype=np.int64)
+        mask = np.zeros((1, width), dtype=np.int64)
+        pad = self.length - len(prompt)
+        ids[0, pad : self.length] = prompt
+        mask[0, pad : self.length] = 1
+        self.ids = np.concatenate([self.ids, ids])
+        self.mask = np.concatenate([self.mask, mask])
+        for name, value in (
+            ("_next_position", len(prompt)), ("_pads", pad), ("_reused", 0),
+            ("_prompt_end", self.length),
+        ):  # fmt: skip
+            setattr(self, name, np.append(getattr(self, name), value))
+        self.unfinished = np.append(self.unfinished, True)
+        self.finish_reasons.append(None)
+        if self.tokenizer is not None:
+            self._texts.append(RowText(self.tokenizer, chain.stop_strings, history=[]))
+        self._row_chains.append(chain)
+        self.errors.append(None)
+        self.record.top.append(logprobs)
+        self.record.last.append(None)
+        self._regroup()
+        self._prefill_row(row, pad, self.length - 1)
+        return row
+
+    def leave(self, rows: list[int]) -> list[int]:
+        """Drop finished rows: each freed slot takes the last rows, so few rows move.
+        Returns the new order: new row ``i`` is old row ``order[i]``."""
+        gone = set(rows)
+        keep = [r for r in range(self.batch_size) if r not in gone]
+        size = len(keep)
+        order = list(range(size))
+        holes = [r for r in sorted(gone) if r < size]
+        tail = [r for r in keep if r >= size]
+        for hole, source in zip(holes, tail, strict=True):
+            order[hole] = source
+        index = np.asarray(order, dtype=np.int64)
+        self.chain.cache.keep(index)
+        self.ids, self.mask = self.ids[index], self.mask[index]
+        for name in ("_next_position", "_pads", "_reused", "_prompt_end", "unfinished"):
+            setattr(self, name, getattr(self, name)[index])
+        for name in ("finish_reasons", "_texts", "_row_chains", "errors"):
+            values = getattr(self, name)
+            if values:
+                setattr(self, name, [values[i] for i in order])
+        self.record.top = [self.record.top[i] for i in order]
+        self.record.last = [self.record.last[i] for i in order]
+        self._finished_at = {}
+        self._regroup()
+        if size and int(self._pads.min()) > 0:  # columns now padding for every row
+            self._shift(-int(self._pads.min()))
+        return order
+
+    # -- one step -----------------------------------------------------------------------
+
+    def step(self) -> np.ndarray:
+        """One token per row; a row whose component raised finishes with "error"."""
+        self.reserve(self.length + 2)  # rows end by their own limits, not the buffer's
+        next_ids = super().step()
+        for row, error in enumerate(self.errors):
+            if error is not None and self.unfinished[row]:
+                self.finish(row, "error")
+        return next_ids
+
+    def _pick(self, input_ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        next_ids = np.full(self.batch_size, self.pad_token_id, dtype=np.int64)
+        scores = np.array(logits, copy=True)
+        for rows, chain in self._groups:
+            row = int(rows[0])
+            if self.errors[row] is not None:
+                continue
+            try:
+                ids, row_logits = self._group_view(rows, chain, input_ids, logits)
+                picked, row_scores = self._pick_group(chain, ids, row_logits)
+            except Exception as exc:  # this request's component: only its row fails
+                self.errors[row] = exc
+                continue
+            next_ids[row], scores[row] = picked[0], row_scores[0]
+        return next_ids, scores
+
+    def _stop_group(self, rows, chain, ids, scores) -> None:  # type: ignore[override]
+        row = int(rows[0])
+        if self.errors[row] is not None:
+            return
+        try:
+            super()._stop_group(rows, chain, ids, scores)
+        except Exception as exc:
+            self.errors[row] = exc
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _regroup(self) -> None:
+        self._groups = [(np.asarray([r]), c) for r, c in enumerate(self._row_chains)]
+        self._solo = {id(c) for c in self._row_chains}
+
+    def _prefill_row(self, row: int, start: int, end: int) -> None:
+        """Feed the row's columns [start, end) alone, in chunks; its last prompt token is
+        fed with the batch at the next step, like every other row's newest token."""
+        pad = int(self._pads[row])
+        try:
+            for first in range(start, end, self.prefill_chunk):
+                last = min(end, first + self.prefill_chunk)
+                self._cache_call("select", row)
+                mask = np.ones((1, last - pad), dtype=np.int64)
+                self._run(self.ids[row : row + 1, first:last], mask, None)
+        finally:
+            self._cache_call("select", None)
+
+    def _shift(self, columns: int) -> None:
+        """Add ``columns`` padding columns on the left (negative: drop them). The keys and
+        values do not move: on a shared-buffer graph they never followed the columns."""
+        if columns > 0:
+            self.ids = np.pad(self.ids, ((0, 0), (columns, 0)), constant_values=self.pad_token_id)
+            self.mask = np.pad(self.mask, ((0, 0), (columns, 0)))
+        else:
+            self.ids, self.mask = self.ids[:, -columns:], self.mask[:, -columns:]
+        self.length += columns
+        self.fed += columns
+        self.prompt_length += columns
+        self._pads += columns
+        self._prompt_end += columns
