@@ -1,1 +1,252 @@
-"""Placeholder: filled in by the cache-backends work (issue 8)."""
+"""The ``quantized`` KV-cache backend: past keys/values held as 8- or 4-bit codes.
+
+Long conversations and big batches are bounded by the bytes the cache holds between
+steps; at 8 bits a position costs about a quarter of its float32 bytes, at 4 bits about
+a sixth. The price is time: onnxruntime's attention reads only float keys/values, so
+every forward dequantizes the whole past again.
+
+    gen.generate(ids, cache="quantized")
+    gen.generate(ids, cache={"name": "quantized", "bits": 4, "group": 32})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from ortgen import ConfigError, GenerationContext, hookimpl
+
+_FP16_MAX = float(np.finfo(np.float16).max)
+
+
+class QuantizedCache:
+    """Past keys/values quantized per (row, kv head, position) in groups of ``group``
+    consecutive head_dim elements.
+
+    ``bits=8``: symmetric int8 codes with one float16 scale per group (w = scale * q).
+    ``bits=4``: asymmetric, two 4-bit codes per byte, a float16 scale and a float16
+    minimum per group (w = scale * q + min). Scales are rounded up and minimums down to
+    float16, so every value lies in its group's range and the error is at most scale/2.
+
+    Every ``inputs()`` dequantizes all held positions into fresh float arrays
+    (B, kv_heads, P, head_dim): unavoidable, as onnxruntime's attention cannot read
+    quantized keys/values, and deliberately not kept, since a float mirror between steps
+    would hold the very bytes this cache exists to save. ``update()`` quantizes only the
+    new positions. All layers' keys and values live in one array (2 * layers first), so
+    a step is a handful of numpy calls, not one per tensor.
+
+    Presents are never bound (no ``outputs()``): onnxruntime allocates them, as for the
+    dynamic cache. On ``concat`` graphs (optimum) the new positions are the presents'
+    last columns and every row holds the same count (rows are left-padded, the mask
+    hides pads). On ``shared`` graphs (GroupQueryAttention) rows are packed from
+    position 0 and may hold different counts n_r; given a past of width P = max n_r,
+    the attention writes row r's new positions at [n_r, n_r + T) of a (B, H, P + T, D)
+    present. ``select(row)`` exposes one row, so prompts of different lengths are
+    prefilled row by row as with the static cache.
+    """
+
+    def __init__(self, *, ctx: GenerationContext, bits: int = 8, group: int | None = None) -> None:
+        if ctx.signature is None:
+            raise ConfigError("the quantized cache needs the model's graph signature in ctx")
+        self.signature = ctx.signature
+        dim = self.signature.head_dim
+        if not _is_int(bits) or bits not in (8, 4):
+            raise ConfigError(f"`bits` has to be 8 or 4, but is {bits!r}")
+        if group is None:
+            group = dim if bits == 8 else min(32, dim)
+        divisors = [g for g in range(1, dim + 1) if dim % g == 0 and (bits == 8 or g % 2 == 0)]
+        if not _is_int(group) or group not in divisors:
+            kind = "a divisor" if bits == 8 else "an even divisor"
+            raise ConfigError(
+                f"`group` has to be {kind} of head_dim {dim} ({', '.join(map(str, divisors))}) "
+                f"for {bits} bits, but is {group!r}"
+            )
+        self._bits, self._group = bits, int(group)
+        self._names = self.signature.past_inputs
+        self._shared = self.signature.shared_kv
+        self._dtype = np.dtype(self.signature.kv_dtype)
+        self._row: int | None = None  # the row select() exposes, None: all rows
+        self._counts = np.zeros(ctx.batch_size, dtype=np.int64)  # positions held per row
+        self._allocate(ctx.batch_size, max(ctx.max_length, 1))
+
+    # -- the protocol ----------------------------------------------------------------
+
+    def inputs(self) -> dict[str, Any]:
+        rows = self._rows()
+        past = self._dequantize(rows, int(self._counts[rows].max(initial=0)))
+        return dict(zip(self._names, past, strict=True))
+
+    def update(self, presents: list[Any]) -> None:
+        if len(presents) != len(self._names):
+            raise ValueError(f"expected {len(self._names)} present tensors, got {len(presents)}")
+        arrays = [_numpy(p) for p in presents]
+        rows = self._rows()
+        counts = self._counts[rows]
+        held = int(counts.max(initial=0))
+        new = arrays[0].shape[2] - held  # presents are (b, H, held + new, D)
+        if new < 0 or arrays[0].shape[0] != len(counts):
+            raise ValueError(f"presents of shape {arrays[0].shape} after {held} held positions")
+        if held + new > self._capacity:
+            self._grow(held + new)
+        if not self._shared or (counts == held).all():  # every row's new positions at held
+            parts = self._quantize(np.stack([a[:, :, held:] for a in arrays]))
+            for store, part in zip(self._stores(), parts, strict=True):
+                store[:, rows, :, held : held + new] = part
+        else:  # packed rows (all of them: one selected row is never uneven) start at n_r
+            at = (counts[:, None] + np.arange(new))[:, None, :, None]
+            parts = self._quantize(np.stack([np.take_along_axis(a, at, axis=2) for a in arrays]))
+            for i, start in enumerate(counts.tolist()):
+                for store, part in zip(self._stores(), parts, strict=True):
+                    store[:, i, :, start : start + new] = part[:, i]
+        self._counts[rows] += new
+
+    def reorder(self, rows: np.ndarray) -> None:
+        rows = np.asarray(rows, dtype=np.int64)
+        held = self.length
+        kept = [store[:, rows, :, :held] for store in self._stores()]  # fancy index: copies
+        if len(rows) != len(self._counts):
+            self._allocate(len(rows), self._capacity)
+        for store, part in zip(self._stores(), kept, strict=True):
+            store[:, :, :, :held] = part
+        self._counts = self._counts[rows]
+
+    def crop(self, length: int) -> None:
+        """Forget positions past ``length`` of the longest row.
+
+        The loop rewinds every row by the same count of tokens. On shared graphs a row
+        with a shorter prompt holds fewer positions (its padding is not stored), so every
+        row drops the same count, as the mask the loop feeds next says, like the static
+        cache. Forgotten positions are zeroed.
+        """
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot crop a cache of length {self.length} to {length}")
+        self._counts = np.maximum(self._counts - (self.length - length), 0)
+        keep = np.arange(self._capacity) < self._counts[:, None]  # (B, capacity)
+        for store in self._stores()[1:]:  # zero scales (and minimums): dequantizes to 0
+            store *= keep[None, :, None, :, None]
+
+    @property
+    def length(self) -> int:
+        """Positions held by the longest row."""
+        return int(self._counts.max(initial=0))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes reserved for codes, scales (and minimums) at the current capacity."""
+        return sum(store.nbytes for store in self._stores())
+
+    def select(self, row: int | None) -> None:
+        """Expose only ``row`` (None: every row) to the next forwards (shared graphs)."""
+        if not self._shared:
+            raise ValueError("row selection exists only for shared-buffer graphs")
+        self._row = row
+
+    # -- quantization ---------------------------------------------------------------
+
+    def _quantize(self, x: np.ndarray) -> list[np.ndarray]:
+        """(N, b, H, T, D) -> codes (N, b, H, T, D or D/2), float16 scales (and minimums).
+
+        4-bit codes are packed per group: byte j holds element j of the group's first
+        half (low nibble) and element j of its second half (high nibble), so unpacking
+        writes two contiguous runs instead of every other element.
+        """
+        groups = x.astype(np.float32, copy=False).reshape(*x.shape[:-1], -1, self._group)
+        if self._bits == 8:
+            scale = _fp16_up(np.abs(groups).max(axis=-1) / 127)
+            q = np.rint(groups / _nonzero(scale)[..., None])
+            return [np.clip(q, -127, 127).astype(np.int8).reshape(x.shape), scale]
+        low = _fp16_down(groups.min(axis=-1))
+        scale = _fp16_up((groups.max(axis=-1) - low) / 15)
+        q = np.rint((groups - low[..., None]) / _nonzero(scale)[..., None])
+        q = np.clip(q, 0, 15).astype(np.uint8)
+        half = self._group // 2
+        packed = q[..., :half] | (q[..., half:] << 4)
+        return [packed.reshape(*x.shape[:-1], -1), scale, low]
+
+    def _dequantize(self, rows: slice, length: int) -> np.ndarray:
+        """Positions [0, length) of ``rows``, (N, b, H, length, D) in the graph's dtype.
+
+        Scales are widened to float32 first (a small array): numpy then runs one
+        float32 multiply over the codes instead of converting float16 per element.
+        """
+        codes, scale, *low = (store[:, rows, :, :length] for store in self._stores())
+        lead, groups = codes.shape[:-1], self.signature.head_dim // self._group
+        out = np.empty((*lead, groups, self._group), dtype=self._dtype)
+        scale = scale.astype(np.float32)[..., None]
+        if self._bits == 8:
+            np.multiply(codes.reshape(out.shape), scale, out=out)
+        else:
+            packed = codes.reshape(*lead, groups, self._group // 2)
+            q = np.empty((*lead, groups, 2, self._group // 2), dtype=np.uint8)
+            np.bitwise_and(packed, 0x0F, out=q[..., 0, :])
+            np.right_shift(packed, 4, out=q[..., 1, :])
+            np.multiply(q.reshape(out.shape), scale, out=out)
+            out += low[0].astype(np.float32)[..., None]
+        return out.reshape(*lead, self.signature.head_dim)
+
+    # -- memory ---------------------------------------------------------------------
+
+    def _rows(self) -> slice:
+        """The rows the next forward sees: a slice, so reading them copies nothing."""
+        return slice(None) if self._row is None else slice(self._row, self._row + 1)
+
+    def _stores(self) -> list[np.ndarray]:
+        return [self._codes, self._scales] + ([self._mins] if self._bits == 4 else [])
+
+    def _allocate(self, rows: int, capacity: int) -> None:
+        signature = self.signature
+        lead = (2 * signature.num_layers, rows, signature.num_kv_heads, capacity)
+        dim = signature.head_dim
+        self._capacity = capacity
+        code_type = np.int8 if self._bits == 8 else np.uint8
+        self._codes = np.zeros((*lead, dim * self._bits // 8), dtype=code_type)
+        self._scales = np.zeros((*lead, dim // self._group), dtype=np.float16)
+        if self._bits == 4:
+            self._mins = np.zeros_like(self._scales)
+
+    def _grow(self, needed: int) -> None:
+        held = self.length
+        kept = [store[:, :, :, :held] for store in self._stores()]
+        self._allocate(len(self._counts), max(needed, 2 * self._capacity))
+        for store, part in zip(self._stores(), kept, strict=True):
+            store[:, :, :, :held] = part
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _fp16_up(values: np.ndarray) -> np.ndarray:
+    """``values`` (>= 0) as float16, each rounded up (a scale never shrinks the range)."""
+    values = np.minimum(values, _FP16_MAX)
+    half = values.astype(np.float16)
+    below = half.astype(np.float32) < values
+    half[below] = np.nextafter(half[below], np.float16(np.inf))
+    return half
+
+
+def _fp16_down(values: np.ndarray) -> np.ndarray:
+    """``values`` as float16, each rounded down (a minimum never exceeds the group's)."""
+    values = np.clip(values, -_FP16_MAX, _FP16_MAX)
+    half = values.astype(np.float16)
+    above = half.astype(np.float32) > values
+    half[above] = np.nextafter(half[above], np.float16(-np.inf))
+    return half
+
+
+def _nonzero(scale: np.ndarray) -> np.ndarray:
+    """float32 divisors: an all-zero (or constant) group has scale 0 and codes 0."""
+    return np.where(scale > 0, scale, np.float16(1)).astype(np.float32)
+
+
+def _numpy(value: Any) -> np.ndarray:
+    """An OrtValue's memory as numpy (no copy on CPU), or the array itself."""
+    return value.numpy() if isinstance(value, ort.OrtValue) else np.asarray(value)
+
+
+@hookimpl
+def register_kv_caches(register: Callable[..., None]) -> None:
+    register("quantized", QuantizedCache)
