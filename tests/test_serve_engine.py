@@ -1,0 +1,189 @@
+"""The serving engine in-process: continuous batching gives each request what it gives
+alone, a failing component fails only its request, cancelled rows leave at once, and
+rows join a running batch without waiting for it to drain."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ortgen
+from ortgen import hookimpl
+from ortgen.serve.engine import Engine, QueueFull
+from tests.tiny_models import export_tiny
+
+
+class Explodes:
+    """A processor that raises at its third step."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        self.calls += 1
+        if self.calls == 3:
+            raise RuntimeError("boom")
+        return scores
+
+
+class Plugin:
+    @hookimpl
+    def register_logits_processors(self, register):
+        register("explodes", Explodes)
+
+
+@pytest.fixture(scope="module")
+def fused_chat(tiny_root: Path):
+    """A tiny fp32 fused Llama with a character tokenizer and a chat template."""
+    folder = export_tiny("llama", tiny_root / "serve", with_tokenizer=True, graph="fused")
+    return ortgen.load(folder, threads=1, plugins=[Plugin()])
+
+
+def _requests(gen, count: int) -> list[tuple[list[int], dict]]:
+    rng = random.Random(0)
+    rows = []
+    for i in range(count):
+        prompt = gen.tokenizer.encode(f"Request {i}: " + "abc" * rng.randint(0, 12))
+        settings: dict = {"max_new_tokens": rng.randint(3, 30), "eos_token_id": None}
+        if i % 3 == 1:
+            settings.update(do_sample=True, temperature=0.8, top_k=20, seed=100 + i)
+        if i % 4 == 2:
+            settings.update(stop_strings=["ab"], logprobs=True, top_logprobs=2)
+        if i % 5 == 3:
+            settings.update(repetition_penalty=1.3, eos_token_id=[5, 6])
+        rows.append((prompt, settings))
+    return rows
+
+
+async def _collect(engine: Engine, prompt: list[int], settings: dict):
+    handle = engine.submit(prompt, settings)
+    pieces = [piece async for piece in handle.pieces()]
+    return handle, pieces
+
+
+def _run(engine: Engine, jobs):
+    async def main():
+        return await asyncio.gather(*[_collect(engine, p, s) for p, s in jobs])
+
+    return asyncio.run(main())
+
+
+def test_concurrent_requests_equal_each_request_alone(fused_chat) -> None:
+    gen = fused_chat
+    jobs = _requests(gen, 16)
+    engine = Engine(gen, max_batch=6)  # more requests than rows: some wait, then join
+    engine.start()
+    try:
+        results = _run(engine, jobs)
+    finally:
+        engine.shutdown()
+    for (prompt, settings), (_handle, pieces) in zip(jobs, results, strict=True):
+        alone = gen.generate([prompt], **settings)
+        assert [p.token for p in pieces] == alone.tokens[0], settings
+        assert "".join(p.text for p in pieces) == alone.text[0]
+        assert pieces[-1].finish_reason == alone.finish_reasons[0]
+        if settings.get("logprobs"):
+            np.testing.assert_allclose([p.logprob for p in pieces], alone.logprobs[0], atol=1e-5)
+            assert [[t for t, _ in p.top_logprobs] for p in pieces] == [
+                [t for t, _ in alts] for alts in alone.top_logprobs[0]
+            ]
+    assert engine.stats.finished == 16 and engine.stats.failed == 0
+
+
+def test_a_failing_component_fails_only_its_request(fused_chat) -> None:
+    gen = fused_chat
+    jobs = _requests(gen, 5)
+    jobs[2] = (jobs[2][0], {**jobs[2][1], "logits_processors": [{"name": "explodes"}]})
+    jobs[2][1].update(max_new_tokens=20, stop_strings=None)
+    engine = Engine(gen, max_batch=8)
+    engine.start()
+    try:
+        results = _run(engine, jobs)
+    finally:
+        engine.shutdown()
+    failed_handle, failed = results[2]
+    assert failed[-1].finish_reason == "error"
+    assert "boom" in str(failed_handle.error)
+    assert len(failed) == 3  # two tokens, then the error
+    for index in (0, 1, 3, 4):
+        prompt, settings = jobs[index]
+        assert [p.token for p in results[index][1]] == gen.generate([prompt], **settings).tokens[0]
+    assert engine.stats.failed == 1 and engine.stats.finished == 4
+
+
+def test_a_cancelled_request_leaves_and_the_others_go_on(fused_chat) -> None:
+    gen = fused_chat
+    prompt = gen.tokenizer.encode("cancel me")
+    other = gen.tokenizer.encode("keep going")
+    settings = {"max_new_tokens": 60, "eos_token_id": None}
+    engine = Engine(gen, max_batch=4)
+    engine.start()
+
+    async def main():
+        doomed = engine.submit(prompt, settings)
+        kept = asyncio.ensure_future(_collect(engine, other, settings))
+        got = 0
+        async for _piece in doomed.pieces():
+            got += 1
+            if got == 5:
+                doomed.cancel()
+        return got, await kept
+
+    try:
+        got, (_handle, pieces) = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert got < 60
+    assert [p.token for p in pieces] == gen.generate([other], **settings).tokens[0]
+    assert engine.stats.cancelled == 1
+
+
+def test_bad_requests_fail_at_submit(fused_chat) -> None:
+    engine = Engine(fused_chat, max_batch=2, max_queue=0)
+
+    async def main():
+        with pytest.raises(ortgen.ConfigError, match="temprature"):
+            engine.submit([1, 2, 3], {"temprature": 0.5})
+        with pytest.raises(ortgen.InputError, match="one sequence per row"):
+            engine.submit([1, 2, 3], {"num_beams": 2})
+        with pytest.raises(ortgen.InputError, match="manages the KV cache"):
+            engine.submit([1, 2, 3], {"cache": "prefix"})
+        with pytest.raises(ortgen.InputError, match="exceeds the model's context"):
+            engine.submit([1, 2, 3], {"max_new_tokens": 10_000})
+        with pytest.raises(QueueFull):
+            engine.submit([1, 2, 3], {"max_new_tokens": 2})
+
+    asyncio.run(main())
+
+
+def test_a_new_request_joins_without_waiting_for_the_batch(fused_chat) -> None:
+    gen = fused_chat
+    settings = {"eos_token_id": None}
+    engine = Engine(gen, max_batch=4)
+    engine.start()
+    order: list[str] = []
+
+    async def drain(name: str, handle) -> None:
+        async for _piece in handle.pieces():
+            pass
+        order.append(name)
+
+    async def main():
+        long = engine.submit(gen.tokenizer.encode("long"), {**settings, "max_new_tokens": 100})
+        seen = 0
+        async for _piece in long.pieces():  # the long request is decoding: send another
+            seen += 1
+            if seen == 5:
+                break
+        short = engine.submit(gen.tokenizer.encode("short"), {**settings, "max_new_tokens": 3})
+        await asyncio.gather(drain("long", long), drain("short", short))
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert order == ["short", "long"]  # it joined the running batch and left it first
