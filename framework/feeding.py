@@ -103,7 +103,7 @@ class Feeding:
         rows packed differently (padding, reused prefixes), and for any several-token
         forward of a batch on top of a past (GroupQueryAttention takes those only for
         one row: later prefill chunks, appended turns)."""
-        if not self.model.signature.shared_kv or start >= self.prompt_length:
+        if not self.model.signature.shared_kv:
             return False
         several = self.batch_size > 1 and start > 0 and end - start > 1
         if several and not hasattr(self.chain.cache, "select"):  # packed: checked at start
@@ -112,7 +112,7 @@ class Feeding:
                 f"this graph ({self.model.path}) needs for {end - start} tokens per row on top "
                 "of a past; use cache='static' (the default)"
             )
-        return self._packed_prefill or several
+        return several or (self._packed_prefill and start < self.prompt_length)
 
     def _positions(self, start: int, end: int) -> np.ndarray:
         """Hugging Face's position ids for positions [start, end) of every row."""

@@ -111,3 +111,25 @@ def test_reuse_and_batches_are_exact_on_the_fp32_default_model(reference_gen) ->
         batch = gen.generate(prompts, cache=cache, **settings).tokens
         alone = [gen.generate(p, cache=cache, **settings).tokens[0] for p in prompts]
         assert batch == alone, cache
+
+
+@pytest.mark.parametrize("cache", ["static", "quantized"])
+def test_a_batch_appends_several_tokens_after_a_rewind_on_a_fused_graph(
+    cache, fused_model_dirs
+) -> None:
+    """Several new tokens per row on top of a past go row by row on a fused graph
+    (GroupQueryAttention takes them for one row only), inside the prompt or after it."""
+    gen = ortgen.load(fused_model_dirs["llama"][1], threads=1)
+    prompts = [PROMPT, PROMPT[:6]]
+    state = _start(gen, prompts, cache, max_new_tokens=20)
+    for _ in range(4):
+        state.step()
+    state.rewind(2)
+    state.append([[7, 8, 9], [7, 8, 9]])
+    _finish(state)
+    for row, prompt in enumerate(prompts):
+        kept = state.generated(row)[:2]
+        continued = state.generated(row)[5:]
+        assert state.generated(row)[2:5] == [7, 8, 9]
+        fresh = _start(gen, [*prompt, *kept, 7, 8, 9], cache, max_new_tokens=len(continued))
+        assert _finish(fresh) == continued, row
