@@ -354,6 +354,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from .serve.server import main as serve
+    except ImportError as exc:
+        raise OrtgenError(f"ortgen serve needs {exc.name}: pip install 'ortgen[serve]'") from exc
+    return serve(args)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, with a did-you-mean for a misspelt flag (``--temprature``)."""
 
@@ -449,6 +457,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_flags(p, pipeline=False)
     _add_generation_flags(p)
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
+    _add_model_flags(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free one)")
+    p.add_argument("--max-batch", type=int, default=8, help="rows decoded together (default 8)")
+    p.add_argument("--max-queue", type=int, default=64, help="rows waiting, then 429 (default 64)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' ($ORTGEN_API_KEY)")
+    p.add_argument("--grace", type=float, default=10.0, help="SIGTERM: seconds to finish (10)")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest body (1 MiB)")
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE", help="a plugin")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("plugins", help="list registered components and their plugins")
     p.add_argument("--json", action="store_true")

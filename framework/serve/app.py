@@ -1,0 +1,435 @@
+"""The Starlette app of ``ortgen serve``: routes, API key, body limit, errors, SSE.
+
+Each generation request is parsed and checked here (``openai_api``), then submitted to the
+:class:`~ortgen.serve.engine.Engine` as one row per choice, and answered from the rows'
+pieces (``responses``): all at once, or as server-sent events while they come. Every
+error is OpenAI's body (``{"error": {"message", "type", "param", "code"}}``).
+
+A request owns its rows until it is answered: when the client hangs up (a non-streaming
+request watches ``receive`` for the disconnect; sse-starlette cancels a stream) or the
+server drains after SIGTERM, what is left of them is cancelled, so the engine never works
+for nobody.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from sse_starlette import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..api import StreamPiece, TextGenerator
+from ..errors import ConfigError, InputError
+from .engine import Engine, QueueFull, RowHandle, ShuttingDown
+from .metrics import HttpStats, render
+from .openai_api import ParsedRequest, RequestError, check_row, parse_chat, parse_completion
+from .responses import Answer, Choice, TokenText
+
+log = logging.getLogger("ortgen.serve")
+
+#: routes as /metrics labels them (anything else is "other", to bound the label set)
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+
+
+def _shutting_down(message: str = "the server is shutting down") -> RequestError:
+    return RequestError(message, status=503, kind="server_error", code="shutting_down")
+
+
+class ServerState:
+    """What the routes share: the model, the engine, limits, counters, live rows."""
+
+    def __init__(
+        self,
+        gen: TextGenerator,
+        engine: Engine,
+        *,
+        model_id: str,
+        api_key: str | None = None,
+        max_body_bytes: int = 1 << 20,
+    ) -> None:
+        if gen.tokenizer is None:
+            raise InputError(f"ortgen serve needs a model with a tokenizer; {gen.path} has none")
+        self.gen = gen
+        self.engine = engine
+        self.model_id = model_id
+        self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
+        self.max_rows = engine.max_batch + engine.max_queue
+        self.words = TokenText(gen.tokenizer)
+        self.http = HttpStats()
+        self.accepting = True
+        self.handles: set[RowHandle] = set()
+        self.created = int(time.time())
+
+    def admit(self, request: ParsedRequest) -> list[RowHandle]:
+        """Check every row, then queue them all (or none: a full queue cancels the rows
+        this request queued already)."""
+        if not self.accepting:
+            raise _shutting_down()
+        for row in request.rows:
+            check_row(self.engine.check, self.gen, row, request)
+        handles: list[RowHandle] = []
+        try:
+            for row in request.rows:
+                handles.append(self.engine.submit(row.prompt, row.settings))
+        except (QueueFull, ShuttingDown, ConfigError, InputError) as exc:
+            for handle in handles:
+                handle.cancel()
+            if isinstance(exc, QueueFull):
+                raise RequestError(
+                    str(exc), status=429, kind="rate_limit_error", code="queue_full"
+                ) from None
+            if isinstance(exc, ShuttingDown):
+                raise _shutting_down() from None
+            raise RequestError(str(exc)) from None
+        self.handles.update(handles)
+        self.http.in_flight += 1
+        return handles
+
+    def release(self, handles: list[RowHandle], choices: list[Choice]) -> None:
+        """The request is answered (or abandoned): cancel its unfinished rows."""
+        for handle, choice in zip(handles, choices, strict=True):
+            if not choice.ended:
+                handle.cancel()
+            self.handles.discard(handle)
+            if handle.first_token_s is not None:
+                self.http.first_token_sum += handle.first_token_s
+                self.http.first_token_count += 1
+        self.http.in_flight -= 1
+
+    def cancel_all(self) -> None:
+        for handle in list(self.handles):
+            handle.cancel()
+
+    async def drain(self, grace: float) -> None:
+        """SIGTERM: refuse new requests (503), give those in flight ``grace`` seconds,
+        then cancel what is left and wait (briefly) for those answers to go out."""
+        self.accepting = False
+        self.engine.stop_accepting()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        while self.http.in_flight and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if self.http.in_flight:
+            log.warning("grace period over; cancelling %d request(s)", self.http.in_flight)
+            self.cancel_all()
+            deadline = loop.time() + 5.0
+            while self.http.in_flight and loop.time() < deadline:
+                await asyncio.sleep(0.05)
+
+
+# -- generation routes -----------------------------------------------------------------
+
+
+async def completions(request: Request) -> Response:
+    return await _generate(request, parse_completion)
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _generate(request, parse_chat)
+
+
+async def _generate(request: Request, parse: Callable[..., ParsedRequest]) -> Response:
+    state: ServerState = request.app.state.ortgen
+    if not state.accepting:
+        raise _shutting_down()
+    body = await _read_json(request, state.max_body_bytes)
+    parsed = parse(body, state.gen, max_rows=state.max_rows)
+    handles = state.admit(parsed)
+    answer = Answer(parsed, state.model_id, state.words)
+    choices = [Choice(row.index) for row in parsed.rows]
+    if parsed.stream:
+        return _EventStream(state, handles, choices, _events(answer, handles, choices))
+    try:
+        return await _complete(request, answer, handles, choices)
+    finally:
+        state.release(handles, choices)
+
+
+async def _read_json(request: Request, limit: int) -> dict[str, Any]:
+    """The body as a JSON object, refused (413) as soon as it is longer than ``limit``."""
+    declared = request.headers.get("content-length", "")
+    too_large = RequestError(
+        f"the request body is larger than {limit} bytes (--max-body-bytes)",
+        status=413,
+        code="request_too_large",
+    )
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > limit:
+            raise too_large
+    try:
+        body = json.loads(data)
+    except ValueError as exc:
+        raise RequestError(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    return body
+
+
+def _row_error(error: BaseException | None) -> RequestError:
+    """A row the engine failed: the request's own fault (400) or the server's (500)."""
+    if isinstance(error, ConfigError | InputError):
+        return RequestError(str(error))
+    log.error("ortgen serve: a request failed", exc_info=error)
+    what = f"{type(error).__name__}: {error}" if error is not None else "unknown error"
+    return RequestError(f"generation failed: {what}", status=500, kind="server_error")
+
+
+async def _complete(
+    request: Request, answer: Answer, handles: list[RowHandle], choices: list[Choice]
+) -> Response:
+    """Wait for every row, unless the client hangs up first."""
+
+    async def pump(handle: RowHandle, choice: Choice) -> None:
+        async for piece in handle.pieces():
+            choice.add(piece)
+
+    work = asyncio.gather(*(pump(h, c) for h, c in zip(handles, choices, strict=True)))
+    gone = asyncio.ensure_future(_disconnected(request.receive))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not work.done():  # the client left; release() cancels the rows
+        work.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await work
+        return Response(status_code=499)  # nobody reads it
+    for handle, choice in zip(handles, choices, strict=True):
+        if choice.finish_reason == "error":
+            raise _row_error(handle.error)
+    if not all(choice.ended for choice in choices):
+        raise _shutting_down("the server shut down before this request finished")
+    return JSONResponse(answer.full(choices))
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Return when the client hangs up (the body was read: nothing else can arrive)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _data(payload: dict[str, Any]) -> dict[str, str]:
+    return {"data": json.dumps(payload, ensure_ascii=False, allow_nan=False)}
+
+
+async def _events(
+    answer: Answer, handles: list[RowHandle], choices: list[Choice]
+) -> AsyncIterator[dict[str, str]]:
+    """The SSE events of one streamed request: chunks of every row as they come, then
+    usage (when asked) and ``[DONE]``; a failed row ends the stream with an error event."""
+    queue: asyncio.Queue[tuple[int, StreamPiece | None]] = asyncio.Queue()
+
+    async def pump(i: int, handle: RowHandle) -> None:
+        try:
+            async for piece in handle.pieces():
+                queue.put_nowait((i, piece))
+        finally:
+            queue.put_nowait((i, None))
+
+    tasks = [asyncio.create_task(pump(i, h)) for i, h in enumerate(handles)]
+    try:
+        for choice in choices:
+            opening = answer.opening(choice)
+            if opening is not None:
+                yield _data(opening)
+        open_rows = len(handles)
+        while open_rows:
+            i, piece = await queue.get()
+            choice = choices[i]
+            if piece is None:
+                open_rows -= 1
+                if not choice.ended:  # cancelled under us: the server is shutting down
+                    yield _data(_shutting_down("the server shut down mid-answer").body())
+                    return
+                continue
+            choice.add(piece)
+            if choice.finish_reason == "error":
+                yield _data(_row_error(handles[i].error).body())
+                return
+            chunk = answer.piece(choice, piece)
+            if chunk is not None:
+                yield _data(chunk)
+        if answer.request.include_usage:
+            yield _data(answer.usage_chunk(choices))
+        yield {"data": "[DONE]"}
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+class _EventStream(EventSourceResponse):
+    """An SSE response that releases its rows however it ends: finished, failed, client
+    gone, or cancelled before the generator ever ran (then its own ``finally`` cannot)."""
+
+    def __init__(
+        self,
+        state: ServerState,
+        handles: list[RowHandle],
+        choices: list[Choice],
+        events: AsyncIterator[dict[str, str]],
+    ) -> None:
+        super().__init__(events, sep="\n", ping=15)
+        self._release = lambda: state.release(handles, choices)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
+# -- other routes ----------------------------------------------------------------------
+
+
+def _model_card(state: ServerState) -> dict[str, Any]:
+    return {"id": state.model_id, "object": "model", "created": state.created, "owned_by": "ortgen"}
+
+
+async def list_models(request: Request) -> Response:
+    state: ServerState = request.app.state.ortgen
+    return JSONResponse({"object": "list", "data": [_model_card(state)]})
+
+
+async def get_model(request: Request) -> Response:
+    state: ServerState = request.app.state.ortgen
+    if request.path_params["model_id"] != state.model_id:
+        raise RequestError(
+            f"this server serves {state.model_id!r} only",
+            param="model",
+            status=404,
+            code="model_not_found",
+        )
+    return JSONResponse(_model_card(state))
+
+
+async def health(request: Request) -> Response:
+    state: ServerState = request.app.state.ortgen
+    if not state.accepting:
+        return JSONResponse({"status": "shutting_down"}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+async def metrics(request: Request) -> Response:
+    state: ServerState = request.app.state.ortgen
+    text = render(state.engine.stats, state.http, model=state.model_id)
+    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+
+# -- errors, API key, counting ---------------------------------------------------------
+
+
+async def _request_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestError)
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        error = RequestError(
+            f"no route {request.method} {request.url.path}", status=404, code="unknown_url"
+        )
+    else:
+        error = RequestError(str(exc.detail), status=exc.status_code)
+    return JSONResponse(error.body(), status_code=error.status, headers=exc.headers)
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    error = RequestError(f"internal error: {type(exc).__name__}", status=500, kind="server_error")
+    return JSONResponse(error.body(), status_code=500)
+
+
+class _Guard:
+    """Checks ``Authorization: Bearer KEY`` on every route but ``/health`` (when the
+    server has a key) and counts responses by route and status for ``/metrics``."""
+
+    def __init__(self, app: ASGIApp, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+        self._expected = f"Bearer {state.api_key}".encode() if state.api_key else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        route = "/v1/models" if path.startswith("/v1/models/") else path
+        status = 500
+
+        async def counting(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            if self._expected is not None and path != "/health" and not self._authorised(scope):
+                error = RequestError(
+                    "missing or wrong API key: send the header 'Authorization: Bearer KEY'",
+                    status=401,
+                    code="invalid_api_key",
+                )
+                await JSONResponse(error.body(), status_code=401)(scope, receive, counting)
+                return
+            await self.app(scope, receive, counting)
+        finally:
+            self.state.http.count(route if route in ROUTES else "other", status)
+
+    def _authorised(self, scope: Scope) -> bool:
+        assert self._expected is not None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                return hmac.compare_digest(value, self._expected)
+        return False
+
+
+def build_app(state: ServerState) -> Starlette:
+    """The ASGI app; its lifespan starts the engine and stops it at shutdown."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        state.engine.start()
+        try:
+            yield
+        finally:
+            state.accepting = False
+            state.cancel_all()
+            await asyncio.to_thread(state.engine.shutdown, 5.0)
+
+    app = Starlette(
+        routes=[
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/models", list_models, methods=["GET"]),
+            Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+        ],
+        middleware=[Middleware(_Guard, state=state)],
+        exception_handlers={
+            RequestError: _request_error,
+            HTTPException: _http_error,
+            Exception: _server_error,
+        },
+        lifespan=lifespan,
+    )
+    app.state.ortgen = state
+    return app

@@ -1,0 +1,233 @@
+"""Engine pieces out, OpenAI responses and stream chunks in: the answer side of the server.
+
+A :class:`Choice` gathers one row's pieces (text, tokens, logprobs, finish reason); the
+builders here turn choices into OpenAI's shapes. Kept apart from the request side
+(``openai_api``) because both directions are long enough on their own.
+
+Token strings for logprobs come from :class:`TokenText`: the token decoded alone, and its
+exact bytes when the tokenizer is byte-level BPE (a token that is part of a UTF-8
+character decodes to U+FFFD, but its ``bytes`` are still the real ones).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+import uuid
+from typing import Any
+
+from ..api import StreamPiece
+from ..text import Tokenizer
+from .openai_api import ParsedRequest
+
+#: what a non-finite logprob becomes: JSON has no -inf (vLLM does the same)
+FLOOR = -9999.0
+
+
+def finish_reason(reason: str) -> str:
+    """ortgen's end reason as OpenAI's: the token limit (and ``max_time``) is "length",
+    everything that ended the text on purpose (EOS, a stop string, a plugin's stopping
+    criterion) is "stop"."""
+    return "length" if reason in ("length", "time") else "stop"
+
+
+def _logprob(value: float) -> float:
+    return value if math.isfinite(value) else FLOOR
+
+
+class TokenText:
+    """Token strings and bytes for logprobs, cached per id."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        decoder = tokenizer.backend.decoder
+        self._byte_level = decoder is not None and '"ByteLevel"' in decoder.__getstate__().decode()
+        self._unbyte = {c: b for b, c in _bytes_to_unicode().items()}
+        self._tokens: dict[int, str] = {}  # one per server; at most the vocabulary
+
+    def token(self, token_id: int) -> str:
+        text = self._tokens.get(token_id)
+        if text is None:
+            text = self._tokens[token_id] = self.tokenizer.decode(
+                [token_id], skip_special_tokens=False
+            )
+        return text
+
+    def bytes(self, token_id: int) -> list[int]:
+        if self._byte_level and token_id not in self.tokenizer.special_ids:
+            piece = self.tokenizer.id_to_token(token_id) or ""
+            if piece and all(c in self._unbyte for c in piece):
+                return [self._unbyte[c] for c in piece]
+        return list(self.token(token_id).encode("utf-8"))
+
+
+@functools.cache
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte <-> printable-character table, which byte-level BPE vocabularies use."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+class Choice:
+    """One row's pieces as they arrive."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.text: list[str] = []
+        self.pieces: list[StreamPiece] = []
+        self.finish_reason: str | None = None  # ortgen's reason; "error" when the row failed
+        self.offset = 0  # completions' text_offset of the next token
+
+    def add(self, piece: StreamPiece) -> None:
+        if piece.finish_reason == "error":
+            self.finish_reason = "error"
+            return
+        self.pieces.append(piece)
+        self.text.append(piece.text)
+        if piece.finish_reason is not None:
+            self.finish_reason = piece.finish_reason
+
+    @property
+    def ended(self) -> bool:
+        return self.finish_reason is not None
+
+
+# -- logprobs --------------------------------------------------------------------------
+
+
+def chat_logprobs(pieces: list[StreamPiece], words: TokenText) -> dict[str, Any]:
+    """``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}, ...]}``."""
+
+    def entry(token: int, logprob: float) -> dict[str, Any]:
+        return {
+            "token": words.token(token),
+            "logprob": _logprob(logprob),
+            "bytes": words.bytes(token),
+        }
+
+    content = []
+    for piece in pieces:
+        item = entry(piece.token, piece.logprob if piece.logprob is not None else 0.0)
+        item["top_logprobs"] = [entry(t, lp) for t, lp in piece.top_logprobs or ()]
+        content.append(item)
+    return {"content": content}
+
+
+def completion_logprobs(
+    pieces: list[StreamPiece], words: TokenText, choice: Choice
+) -> dict[str, Any]:
+    """The legacy shape: ``tokens``, ``token_logprobs``, ``top_logprobs`` (the top N plus
+    the chosen token, as OpenAI) and ``text_offset`` (each token's offset in the text,
+    from the tokens' own strings, continuing across stream chunks via ``choice``)."""
+    out: dict[str, Any] = {
+        "tokens": [],
+        "token_logprobs": [],
+        "top_logprobs": [],
+        "text_offset": [],
+    }
+    for piece in pieces:
+        token = words.token(piece.token)
+        logprob = _logprob(piece.logprob if piece.logprob is not None else 0.0)
+        top = {words.token(t): _logprob(lp) for t, lp in piece.top_logprobs or ()}
+        top.setdefault(token, logprob)
+        out["tokens"].append(token)
+        out["token_logprobs"].append(logprob)
+        out["top_logprobs"].append(top)
+        out["text_offset"].append(choice.offset)
+        choice.offset += len(token)
+    return out
+
+
+# -- whole responses -------------------------------------------------------------------
+
+
+class Answer:
+    """The fixed fields of one response and its chunks: id, object, created, model."""
+
+    def __init__(self, request: ParsedRequest, model: str, words: TokenText) -> None:
+        self.request = request
+        self.model = model
+        self.words = words
+        self.created = int(time.time())
+        prefix = "chatcmpl" if request.chat else "cmpl"
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
+
+    def _head(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def usage(self, choices: list[Choice]) -> dict[str, int]:
+        """Generated tokens count every token a row produced, the EOS that ended it too
+        (as ``GenerationOutput.tokens``); each prompt counts once, whatever ``n`` is."""
+        completion = sum(len(c.pieces) for c in choices)
+        prompt = self.request.prompt_tokens
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+
+    def _logprobs(self, pieces: list[StreamPiece], choice: Choice) -> dict[str, Any] | None:
+        if not self.request.logprobs:
+            return None
+        if self.request.chat:
+            return chat_logprobs(pieces, self.words)
+        return completion_logprobs(pieces, self.words, choice)
+
+    def full(self, choices: list[Choice]) -> dict[str, Any]:
+        """The non-streaming response."""
+        out = []
+        for choice in sorted(choices, key=lambda c: c.index):
+            text = "".join(choice.text)
+            item: dict[str, Any] = {"index": choice.index}
+            if self.request.chat:
+                item["message"] = {"role": "assistant", "content": text}
+            else:
+                item["text"] = text
+            item["logprobs"] = self._logprobs(choice.pieces, choice)
+            item["finish_reason"] = finish_reason(choice.finish_reason or "stop")
+            out.append(item)
+        obj = "chat.completion" if self.request.chat else "text_completion"
+        return {**self._head(obj), "choices": out, "usage": self.usage(choices)}
+
+    # -- streaming ---------------------------------------------------------------------
+
+    def _chunk(self, item: dict[str, Any]) -> dict[str, Any]:
+        obj = "chat.completion.chunk" if self.request.chat else "text_completion"
+        return {**self._head(obj), "choices": [item]}
+
+    def opening(self, choice: Choice) -> dict[str, Any] | None:
+        """Chat streams start each choice with its role (as OpenAI)."""
+        if not self.request.chat:
+            return None
+        delta = {"role": "assistant", "content": ""}
+        return self._chunk(
+            {"index": choice.index, "delta": delta, "logprobs": None, "finish_reason": None}
+        )
+
+    def piece(self, choice: Choice, piece: StreamPiece) -> dict[str, Any] | None:
+        """The chunk for one piece (None when it adds nothing: text held back and no
+        logprobs asked for); the last piece carries the finish reason."""
+        done = piece.finish_reason is not None
+        if not piece.text and not self.request.logprobs and not done:
+            return None
+        item: dict[str, Any] = {"index": choice.index}
+        if self.request.chat:
+            item["delta"] = {"content": piece.text} if piece.text or not done else {}
+        else:
+            item["text"] = piece.text
+        item["logprobs"] = self._logprobs([piece], choice)
+        item["finish_reason"] = finish_reason(piece.finish_reason) if done else None
+        return self._chunk(item)
+
+    def usage_chunk(self, choices: list[Choice]) -> dict[str, Any]:
+        """``stream_options.include_usage``: the last chunk, usage and no choices."""
+        obj = "chat.completion.chunk" if self.request.chat else "text_completion"
+        return {**self._head(obj), "choices": [], "usage": self.usage(choices)}

@@ -1,0 +1,136 @@
+"""``ortgen serve``: load the model, build the engine and the app, run uvicorn.
+
+Shutdown is ortgen's, not uvicorn's: uvicorn would close the listening socket at once (new
+clients get "connection refused" instead of a 503), sse-starlette would cut every stream
+at once, and uvicorn re-raises the signal after a graceful exit, so the process would die
+of SIGTERM instead of exiting 0. :class:`_Server` takes SIGTERM/SIGINT itself: it drains
+(``ServerState.drain``: 503 for new requests, ``--grace`` seconds for those in flight,
+then cancels the rest), and only then lets uvicorn shut down, which stops the engine in
+the app's lifespan. A second signal cancels everything at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import os
+import socket
+import sys
+from types import FrameType
+
+import uvicorn
+
+from ..errors import OrtgenError
+from .app import ServerState, build_app
+from .engine import Engine
+
+#: the default --max-body-bytes: 1 MiB holds a long conversation and stops a runaway
+DEFAULT_MAX_BODY = 1 << 20
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the server until SIGTERM/SIGINT; 0 after a clean drain."""
+    from ..api import load
+
+    _check_flags(args)
+    plugins = [_import_plugin(name) for name in args.plugin]
+    gen = load(args.model, threads=args.threads, pipeline=args.pipeline, plugins=plugins)
+    engine = Engine(gen, max_batch=args.max_batch, max_queue=args.max_queue)
+    state = ServerState(
+        gen,
+        engine,
+        model_id=gen.path.name,
+        api_key=args.api_key or os.environ.get("ORTGEN_API_KEY") or None,
+        max_body_bytes=args.max_body_bytes,
+    )
+    sock = _bind(args.host, args.port)
+    config = uvicorn.Config(
+        build_app(state),
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        ws="none",
+        timeout_graceful_shutdown=5,  # after the drain, only idle connections are left
+    )
+    _Server(config, state, grace=args.grace).run(sockets=[sock])
+    print("ortgen serve: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    for flag, value, low in (
+        ("--max-batch", args.max_batch, 1),
+        ("--max-queue", args.max_queue, 0),
+        ("--max-body-bytes", args.max_body_bytes, 1),
+        ("--port", args.port, 0),
+    ):
+        if value < low:
+            raise OrtgenError(f"{flag} must be at least {low}, got {value}")
+    if args.port > 65535:
+        raise OrtgenError(f"--port must be at most 65535, got {args.port}")
+    if args.grace < 0:
+        raise OrtgenError(f"--grace must be >= 0 seconds, got {args.grace}")
+
+
+def _import_plugin(name: str) -> object:
+    """``--plugin MODULE``: a module with ``@hookimpl`` functions, registered like
+    ``load(plugins=[module])`` (pipeline files cannot import code; this flag can)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise OrtgenError(f"--plugin {name}: cannot import it: {exc}") from None
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here so a busy port is an ortgen error (status 2)
+    and ``--port 0`` can report the port it got."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OrtgenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}"
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's Server with ortgen's signal handling (see the module doc)."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState, *, grace: float) -> None:
+        super().__init__(config)
+        self.state = state
+        self.grace = grace
+        self._signals = 0
+        self._drain: asyncio.Task[None] | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Only count here: a signal handler runs between any two bytecodes of the event
+        # loop, and on_tick (every 0.1 s) acts. Not recording the signal, as uvicorn's
+        # own handler does, keeps uvicorn from re-raising it after a clean exit.
+        self._signals += 1
+
+    async def on_tick(self, counter: int) -> bool:
+        if self._signals and self._drain is None:
+            print("ortgen serve: draining", file=sys.stderr, flush=True)
+            self._drain = asyncio.create_task(self.state.drain(self.grace))
+        if self._signals > 1:  # asked twice: stop now
+            self.state.cancel_all()
+            self.should_exit = True
+        if self._drain is not None and self._drain.done():
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and sockets:
+            print(f"ortgen serve: {self.state.model_id} at {_url(sockets[0])}/v1", flush=True)

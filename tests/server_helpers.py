@@ -1,0 +1,129 @@
+"""An ``ortgen serve`` subprocess for tests, and plain HTTP calls to it.
+
+Not a test module. The server binds port 0 and prints its URL on one stdout line, so
+tests never race for a free port; raw calls use the standard library (the OpenAI client
+is for what a client would do, these are for what a client's library would not send).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import openai
+
+ROOT = Path(__file__).resolve().parent.parent
+KEY = "test-key"
+
+
+class ServerProcess:
+    """``python -m ortgen.cli serve --port 0 ARGS`` (started at once; ``ready()`` waits)."""
+
+    def __init__(self, *args: str) -> None:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}  # so --plugin tests.server_plugin imports
+        env.pop("ORTGEN_API_KEY", None)
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - lives as long as the server
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ortgen.cli", "serve", "--port", "0", *args],
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            text=True,
+            cwd=ROOT,
+            env=env,
+        )
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.url = ""
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def ready(self, timeout: float = 120.0) -> ServerProcess:
+        """Wait for the URL line (the server is listening by then)."""
+        if self.url:
+            return self
+        deadline = time.monotonic() + timeout
+        while not self.url:
+            try:
+                line = self._lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                line = None
+            if line is None:
+                self.stop()
+                raise RuntimeError(f"the server did not start:\n{self.log()}")
+            if " at http://" in line:
+                self.url = line.split(" at ", 1)[1].strip().removesuffix("/v1")
+        return self
+
+    def log(self) -> str:
+        self.stderr.seek(0)
+        return self.stderr.read()
+
+    def client(self, **kwargs: Any) -> openai.OpenAI:
+        kwargs.setdefault("api_key", KEY)
+        return openai.OpenAI(base_url=f"{self.url}/v1", max_retries=0, timeout=60, **kwargs)
+
+    def async_client(self, **kwargs: Any) -> openai.AsyncOpenAI:
+        kwargs.setdefault("api_key", KEY)
+        return openai.AsyncOpenAI(base_url=f"{self.url}/v1", max_retries=0, timeout=60, **kwargs)
+
+    def terminate(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def call(
+    server: ServerProcess,
+    path: str,
+    body: Any = None,
+    *,
+    key: str | None = KEY,
+    raw: bytes | None = None,
+) -> tuple[int, Any]:
+    """One request (POST when there is a body); (status, parsed JSON or text)."""
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    request = urllib.request.Request(f"{server.url}{path}", data=data)
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    if key is not None:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            status, text = response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        status, text = exc.code, exc.read().decode()
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+def metric(server: ServerProcess, name: str) -> float:
+    """One unlabelled sample of ``/metrics``."""
+    _, text = call(server, "/metrics")
+    for line in text.splitlines():
+        if line.startswith(f"{name} "):
+            return float(line.split()[1])
+    raise KeyError(name)
