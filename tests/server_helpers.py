@@ -31,7 +31,8 @@ class ServerProcess:
     """``python -m ortgen.cli serve --port 0 ARGS`` (started at once; ``ready()`` waits)."""
 
     def __init__(self, *args: str) -> None:
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}  # so --plugin tests.server_plugin imports
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "PYTHONPATH": path}  # so --plugin tests.server_plugin imports
         env.pop("ORTGEN_API_KEY", None)
         self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - lives as long as the server
         self.proc = subprocess.Popen(

@@ -5,10 +5,9 @@ Each generation request is parsed and checked here (``openai_api``), then submit
 pieces (``responses``): all at once, or as server-sent events while they come. Every
 error is OpenAI's body (``{"error": {"message", "type", "param", "code"}}``).
 
-A request owns its rows until it is answered: when the client hangs up (a non-streaming
-request watches ``receive`` for the disconnect; sse-starlette cancels a stream) or the
-server drains after SIGTERM, what is left of them is cancelled, so the engine never works
-for nobody.
+A request owns its rows until it is answered (``state.ServerState``): when the client
+hangs up (a non-streaming request watches ``receive`` for the disconnect; sse-starlette
+cancels a stream) or the server drains after SIGTERM, what is left of them is cancelled.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import contextlib
 import hmac
 import json
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -31,104 +29,19 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..api import StreamPiece, TextGenerator
+from ..api import StreamPiece
 from ..errors import ConfigError, InputError
-from .engine import Engine, QueueFull, RowHandle, ShuttingDown
-from .metrics import HttpStats, render
-from .openai_api import ParsedRequest, RequestError, check_row, parse_chat, parse_completion
-from .responses import Answer, Choice, TokenText
+from .engine import RowHandle
+from .errors import RequestError, shutting_down
+from .metrics import render
+from .openai_api import ParsedRequest, parse_chat, parse_completion
+from .responses import Answer, Choice
+from .state import ServerState
 
 log = logging.getLogger("ortgen.serve")
 
 #: routes as /metrics labels them (anything else is "other", to bound the label set)
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
-
-
-def _shutting_down(message: str = "the server is shutting down") -> RequestError:
-    return RequestError(message, status=503, kind="server_error", code="shutting_down")
-
-
-class ServerState:
-    """What the routes share: the model, the engine, limits, counters, live rows."""
-
-    def __init__(
-        self,
-        gen: TextGenerator,
-        engine: Engine,
-        *,
-        model_id: str,
-        api_key: str | None = None,
-        max_body_bytes: int = 1 << 20,
-    ) -> None:
-        if gen.tokenizer is None:
-            raise InputError(f"ortgen serve needs a model with a tokenizer; {gen.path} has none")
-        self.gen = gen
-        self.engine = engine
-        self.model_id = model_id
-        self.api_key = api_key
-        self.max_body_bytes = max_body_bytes
-        self.max_rows = engine.max_batch + engine.max_queue
-        self.words = TokenText(gen.tokenizer)
-        self.http = HttpStats()
-        self.accepting = True
-        self.handles: set[RowHandle] = set()
-        self.created = int(time.time())
-
-    def admit(self, request: ParsedRequest) -> list[RowHandle]:
-        """Check every row, then queue them all (or none: a full queue cancels the rows
-        this request queued already)."""
-        if not self.accepting:
-            raise _shutting_down()
-        for row in request.rows:
-            check_row(self.engine.check, self.gen, row, request)
-        handles: list[RowHandle] = []
-        try:
-            for row in request.rows:
-                handles.append(self.engine.submit(row.prompt, row.settings))
-        except (QueueFull, ShuttingDown, ConfigError, InputError) as exc:
-            for handle in handles:
-                handle.cancel()
-            if isinstance(exc, QueueFull):
-                raise RequestError(
-                    str(exc), status=429, kind="rate_limit_error", code="queue_full"
-                ) from None
-            if isinstance(exc, ShuttingDown):
-                raise _shutting_down() from None
-            raise RequestError(str(exc)) from None
-        self.handles.update(handles)
-        self.http.in_flight += 1
-        return handles
-
-    def release(self, handles: list[RowHandle], choices: list[Choice]) -> None:
-        """The request is answered (or abandoned): cancel its unfinished rows."""
-        for handle, choice in zip(handles, choices, strict=True):
-            if not choice.ended:
-                handle.cancel()
-            self.handles.discard(handle)
-            if handle.first_token_s is not None:
-                self.http.first_token_sum += handle.first_token_s
-                self.http.first_token_count += 1
-        self.http.in_flight -= 1
-
-    def cancel_all(self) -> None:
-        for handle in list(self.handles):
-            handle.cancel()
-
-    async def drain(self, grace: float) -> None:
-        """SIGTERM: refuse new requests (503), give those in flight ``grace`` seconds,
-        then cancel what is left and wait (briefly) for those answers to go out."""
-        self.accepting = False
-        self.engine.stop_accepting()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace
-        while self.http.in_flight and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-        if self.http.in_flight:
-            log.warning("grace period over; cancelling %d request(s)", self.http.in_flight)
-            self.cancel_all()
-            deadline = loop.time() + 5.0
-            while self.http.in_flight and loop.time() < deadline:
-                await asyncio.sleep(0.05)
 
 
 # -- generation routes -----------------------------------------------------------------
@@ -145,7 +58,7 @@ async def chat_completions(request: Request) -> Response:
 async def _generate(request: Request, parse: Callable[..., ParsedRequest]) -> Response:
     state: ServerState = request.app.state.ortgen
     if not state.accepting:
-        raise _shutting_down()
+        raise shutting_down()
     body = await _read_json(request, state.max_body_bytes)
     parsed = parse(body, state.gen, max_rows=state.max_rows)
     handles = state.admit(parsed)
@@ -216,7 +129,7 @@ async def _complete(
         if choice.finish_reason == "error":
             raise _row_error(handle.error)
     if not all(choice.ended for choice in choices):
-        raise _shutting_down("the server shut down before this request finished")
+        raise shutting_down("the server shut down before this request finished")
     return JSONResponse(answer.full(choices))
 
 
@@ -257,7 +170,7 @@ async def _events(
             if piece is None:
                 open_rows -= 1
                 if not choice.ended:  # cancelled under us: the server is shutting down
-                    yield _data(_shutting_down("the server shut down mid-answer").body())
+                    yield _data(shutting_down("the server shut down mid-answer").body())
                     return
                 continue
             choice.add(piece)

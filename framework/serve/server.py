@@ -22,11 +22,9 @@ from types import FrameType
 import uvicorn
 
 from ..errors import OrtgenError
-from .app import ServerState, build_app
+from .app import build_app
 from .engine import Engine
-
-#: the default --max-body-bytes: 1 MiB holds a long conversation and stops a runaway
-DEFAULT_MAX_BODY = 1 << 20
+from .state import ServerState
 
 
 def main(args: argparse.Namespace) -> int:

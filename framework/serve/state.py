@@ -1,0 +1,106 @@
+"""What the routes of ``ortgen serve`` share: the model, the engine, limits, counters and
+the rows in flight, and the drain that SIGTERM starts.
+
+A request owns its rows from :meth:`ServerState.admit` to :meth:`ServerState.release`;
+whatever is unfinished at release (the client left, the server drains) is cancelled, so
+the engine never works for nobody.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from ..api import TextGenerator
+from ..errors import ConfigError, InputError
+from .engine import Engine, QueueFull, RowHandle, ShuttingDown
+from .errors import RequestError, shutting_down
+from .metrics import HttpStats
+from .openai_api import ParsedRequest, check_row
+from .responses import Choice, TokenText
+
+log = logging.getLogger("ortgen.serve")
+
+
+class ServerState:
+    """What the routes share: the model, the engine, limits, counters, live rows."""
+
+    def __init__(
+        self,
+        gen: TextGenerator,
+        engine: Engine,
+        *,
+        model_id: str,
+        api_key: str | None = None,
+        max_body_bytes: int = 1 << 20,
+    ) -> None:
+        if gen.tokenizer is None:
+            raise InputError(f"ortgen serve needs a model with a tokenizer; {gen.path} has none")
+        self.gen = gen
+        self.engine = engine
+        self.model_id = model_id
+        self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
+        self.max_rows = engine.max_batch + engine.max_queue
+        self.words = TokenText(gen.tokenizer)
+        self.http = HttpStats()
+        self.accepting = True
+        self.handles: set[RowHandle] = set()
+        self.created = int(time.time())
+
+    def admit(self, request: ParsedRequest) -> list[RowHandle]:
+        """Check every row, then queue them all (or none: a full queue cancels the rows
+        this request queued already)."""
+        if not self.accepting:
+            raise shutting_down()
+        for row in request.rows:
+            check_row(self.engine.check, self.gen, row, request)
+        handles: list[RowHandle] = []
+        try:
+            for row in request.rows:
+                handles.append(self.engine.submit(row.prompt, row.settings))
+        except (QueueFull, ShuttingDown, ConfigError, InputError) as exc:
+            for handle in handles:
+                handle.cancel()
+            if isinstance(exc, QueueFull):
+                raise RequestError(
+                    str(exc), status=429, kind="rate_limit_error", code="queue_full"
+                ) from None
+            if isinstance(exc, ShuttingDown):
+                raise shutting_down() from None
+            raise RequestError(str(exc)) from None
+        self.handles.update(handles)
+        self.http.in_flight += 1
+        return handles
+
+    def release(self, handles: list[RowHandle], choices: list[Choice]) -> None:
+        """The request is answered (or abandoned): cancel its unfinished rows."""
+        for handle, choice in zip(handles, choices, strict=True):
+            if not choice.ended:
+                handle.cancel()
+            self.handles.discard(handle)
+            if handle.first_token_s is not None:
+                self.http.first_token_sum += handle.first_token_s
+                self.http.first_token_count += 1
+        self.http.in_flight -= 1
+
+    def cancel_all(self) -> None:
+        for handle in list(self.handles):
+            handle.cancel()
+
+    async def drain(self, grace: float) -> None:
+        """SIGTERM: refuse new requests (503), give those in flight ``grace`` seconds,
+        then cancel what is left and wait (briefly) for those answers to go out."""
+        self.accepting = False
+        self.engine.stop_accepting()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        while self.http.in_flight and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if self.http.in_flight:
+            log.warning("grace period over; cancelling %d request(s)", self.http.in_flight)
+            self.cancel_all()
+            deadline = loop.time() + 5.0
+            while self.http.in_flight and loop.time() < deadline:
+                await asyncio.sleep(0.05)
