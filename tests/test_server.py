@@ -329,6 +329,8 @@ def test_api_key_routes_and_models(big):
     status, answer = call(big, "/v1/nothing-here")
     assert status == 404 and answer["error"]["type"] == "invalid_request_error"
     assert call(big, "/v1/models/other")[0] == 404
+    status, answer = call(big, "/v1/completions")  # GET
+    assert status == 405 and answer["error"]["type"] == "invalid_request_error"
 
 
 def test_failing_plugin_fails_only_its_request(big, client):

@@ -140,7 +140,7 @@ async def _disconnected(receive: Receive) -> None:
 
 
 def _data(payload: dict[str, Any]) -> dict[str, str]:
-    return {"data": json.dumps(payload, ensure_ascii=False, allow_nan=False)}
+    return {"data": json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))}
 
 
 async def _events(
