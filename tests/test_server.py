@@ -450,31 +450,20 @@ def test_concurrent_streams_each_equal_alone(servers, tiny_gen):
 
 
 def test_full_queue_then_sigterm_drains_and_exits_0(servers):
-    server = ServerProcess(
-        "--model",
-        str(servers.tiny_dir),
-        "--threads",
-        "1",
-        "--max-batch",
-        "1",
-        "--max-queue",
-        "1",
-        "--grace",
-        "3",
-        *PLUGIN,
-    ).ready()
+    flags = ["--threads", "1", "--max-batch", "1", "--max-queue", "1", "--grace", "5"]
+    server = ServerProcess("--model", str(servers.tiny_dir), *flags, *PLUGIN).ready()
     client = server.client(api_key="unused")
 
-    def slow(tokens: int) -> openai.Stream:
-        extra = {"logits_processors": [{"name": "slow", "delay": 0.05}], "eos_token_id": None}
+    def slow(tokens: int, delay: float = 0.05) -> openai.Stream:
+        extra = {"logits_processors": [{"name": "slow", "delay": delay}], "eos_token_id": None}
         return client.completions.create(
             model="x", prompt="abc", max_tokens=tokens, temperature=0, stream=True, extra_body=extra
         )
 
     try:
-        short = iter(slow(30))  # ~1.5 s: finishes within the grace period
+        short = iter(slow(20))  # ~1 s: finishes well within the grace period
         next(short)  # running, so the next one waits in the queue
-        long = iter(slow(120))  # ~6 s: still waiting or running when the grace ends
+        long = iter(slow(100, 0.1))  # ~10 s: still running when the grace ends
         with pytest.raises(openai.RateLimitError):
             slow(5)
         server.terminate()
@@ -487,6 +476,6 @@ def test_full_queue_then_sigterm_drains_and_exits_0(servers):
         assert reasons[-1] == "length"
         with pytest.raises(openai.APIError, match="shut down"):
             list(long)
-        assert server.proc.wait(15) == 0, server.log()
+        assert server.proc.wait(20) == 0, server.log()
     finally:
         server.stop()

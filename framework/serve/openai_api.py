@@ -87,7 +87,7 @@ def parse_chat(body: Mapping[str, Any], gen: TextGenerator, *, max_rows: int) ->
         raise RequestError("messages is required", param="messages")
     logprobs = boolean(body, "logprobs")
     top = integer(body, "top_logprobs", 0, 20)
-    if top is not None and not logprobs:
+    if top and not logprobs:
         raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
     prompt = _chat_prompt(body, gen)
     settings, names, rest = settings_of(body, chat=True)
@@ -205,7 +205,7 @@ def _request(
     rows = []
     for p, prompt in enumerate(prompts):
         own = dict(settings)
-        if default_length and context and len(prompt) + default_length > context:
+        if default_length and context and len(prompt) < context < len(prompt) + default_length:
             own["max_new_tokens"] = context - len(prompt)
         for i in range(n):
             row_settings = dict(own) if seed is None else {**own, "seed": seed + i}

@@ -60,7 +60,7 @@ class ServerState:
         try:
             for row in request.rows:
                 handles.append(self.engine.submit(row.prompt, row.settings))
-        except (QueueFull, ShuttingDown, ConfigError, InputError) as exc:
+        except Exception as exc:
             for handle in handles:
                 handle.cancel()
             if isinstance(exc, QueueFull):
@@ -69,7 +69,9 @@ class ServerState:
                 ) from None
             if isinstance(exc, ShuttingDown):
                 raise shutting_down() from None
-            raise RequestError(str(exc)) from None
+            if isinstance(exc, ConfigError | InputError):
+                raise RequestError(str(exc)) from None
+            raise
         self.handles.update(handles)
         self.http.in_flight += 1
         return handles
