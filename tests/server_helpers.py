@@ -76,7 +76,8 @@ class ServerProcess:
 
     def client(self, **kwargs: Any) -> openai.OpenAI:
         kwargs.setdefault("api_key", KEY)
-        return openai.OpenAI(base_url=f"{self.url}/v1", max_retries=0, timeout=60, **kwargs)
+        kwargs.setdefault("timeout", 60)
+        return openai.OpenAI(base_url=f"{self.url}/v1", max_retries=0, **kwargs)
 
     def async_client(self, **kwargs: Any) -> openai.AsyncOpenAI:
         kwargs.setdefault("api_key", KEY)

@@ -357,24 +357,30 @@ def test_failing_plugin_fails_only_its_request(big, client):
     assert metric(big, "ortgen_rows_failed_total") >= 2
 
 
+def _wait_for_cancel(server: ServerProcess, before: float) -> None:
+    deadline = time.monotonic() + 15
+    while metric(server, "ortgen_rows_cancelled_total") <= before:
+        assert time.monotonic() < deadline, "the row was not cancelled"
+        time.sleep(0.1)
+
+
 def test_client_hanging_up_cancels_its_row(big, client):
+    slow = {"logits_processors": [{"name": "slow", "delay": 0.05}], "eos_token_id": None}
     cancelled = metric(big, "ortgen_rows_cancelled_total")
     stream = client.chat.completions.create(
-        model="x",
-        messages=CHAT,
-        max_tokens=200,
-        temperature=0,
-        stream=True,
-        extra_body={"logits_processors": [{"name": "slow", "delay": 0.05}], "eos_token_id": None},
+        model="x", messages=CHAT, max_tokens=200, temperature=0, stream=True, extra_body=slow
     )
     chunks = iter(stream)
     for _ in range(3):
         next(chunks)
     stream.close()
-    deadline = time.monotonic() + 15
-    while metric(big, "ortgen_rows_cancelled_total") <= cancelled:
-        assert time.monotonic() < deadline, "the row was not cancelled"
-        time.sleep(0.1)
+    _wait_for_cancel(big, cancelled)
+    cancelled = metric(big, "ortgen_rows_cancelled_total")
+    with pytest.raises(openai.APITimeoutError):  # not streamed: the client gives up waiting
+        big.client(timeout=1.0).chat.completions.create(
+            model="x", messages=CHAT, max_tokens=200, temperature=0, extra_body=slow
+        )
+    _wait_for_cancel(big, cancelled)
     answer = client.completions.create(model="x", prompt="Hi", max_tokens=3, temperature=0)
     assert answer.choices[0].finish_reason == "length"
     assert metric(big, "ortgen_requests_in_flight") == 0

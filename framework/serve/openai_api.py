@@ -77,7 +77,7 @@ def parse_completion(
     if logprobs is not None:
         settings.update(logprobs=True, top_logprobs=logprobs)
         names.update(logprobs="logprobs", top_logprobs="logprobs")
-    return _request(body, gen, prompts, settings, names, rest, chat=False, max_rows=max_rows)
+    return _request(gen, prompts, settings, names, rest, chat=False, max_rows=max_rows)
 
 
 def parse_chat(body: Mapping[str, Any], gen: TextGenerator, *, max_rows: int) -> ParsedRequest:
@@ -94,7 +94,7 @@ def parse_chat(body: Mapping[str, Any], gen: TextGenerator, *, max_rows: int) ->
     if logprobs:
         settings.update(logprobs=True, top_logprobs=top or 0)
         names.update(logprobs="logprobs", top_logprobs="top_logprobs")
-    request = _request(body, gen, [prompt], settings, names, rest, chat=True, max_rows=max_rows)
+    request = _request(gen, [prompt], settings, names, rest, chat=True, max_rows=max_rows)
     request.prompt_field = "messages"
     return request
 
@@ -179,7 +179,6 @@ def _join_parts(parts: list[Any], where: str) -> str:
 
 
 def _request(
-    body: Mapping[str, Any],
     gen: TextGenerator,
     prompts: list[list[int]],
     settings: dict[str, Any],
@@ -196,7 +195,7 @@ def _request(
     if len(prompts) * n > max_rows:
         raise RequestError(
             f"{len(prompts)} prompt(s) x n={n} is {len(prompts) * n} rows; this server takes "
-            f"at most {max_rows} per request (--max-batch + --max-queue)",
+            f"at most {max_rows} per request (--max-queue)",
             param="n" if n > 1 else ("messages" if chat else "prompt"),
         )
     length_set = "max_new_tokens" in settings or "max_length" in settings

@@ -59,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
 def _check_flags(args: argparse.Namespace) -> None:
     for flag, value, low in (
         ("--max-batch", args.max_batch, 1),
-        ("--max-queue", args.max_queue, 0),
+        ("--max-queue", args.max_queue, 1),  # rows wait in the queue before they join
         ("--max-body-bytes", args.max_body_bytes, 1),
         ("--port", args.port, 0),
     ):

@@ -42,7 +42,7 @@ class ServerState:
         self.model_id = model_id
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
-        self.max_rows = engine.max_batch + engine.max_queue
+        self.max_rows = max(1, engine.max_queue)  # what one request can surely queue
         self.words = TokenText(gen.tokenizer)
         self.http = HttpStats()
         self.accepting = True
