@@ -277,6 +277,12 @@ BAD = [
     (M, {"top_k": 5.5}, "top_k"),
     (M, {"logits_processors": [{"name": "nope"}]}, "logits_processors"),
     (M, {"logits_processors": [{"name": "top_k", "k": 3}]}, "logits_processors"),
+    (M, {"logits_processors": [{"name": "top_k", "top_k": -3}]}, "logits_processors"),
+    (
+        M,
+        {"stream": True, "logits_processors": [{"name": "top_p", "top_p": 7}]},
+        "logits_processors",
+    ),
     (C, {"prompt": list(range(9000))}, "prompt"),
     (C, {"prompt": []}, "prompt"),
     (C, {"prompt": [[1, 2], "mixed", 3]}, "prompt"),

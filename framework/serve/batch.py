@@ -47,6 +47,16 @@ class SlotCache(StaticCache):
         if hasattr(self, "active"):  # grown: expose the active rows of the new buffers
             self.select(None)
 
+    def _grow(self, needed: int) -> None:
+        """Double the positions, copying only the rows in use: the free rows' pages
+        stay untouched (GroupQueryAttention's prefill costs grow with the buffer's
+        length, so the cache starts short and grows, rather than holding the whole
+        context from the start)."""
+        held = [b[: self.active, :, : self._length].copy() for b in self._buffers]
+        self._allocate(max(needed, 2 * self._capacity))
+        for buffer, kept in zip(self._buffers, held, strict=True):
+            buffer[: self.active, :, : kept.shape[2]] = kept
+
     def select(self, row: int | None) -> None:
         if row is None:
             self._expose(
@@ -91,16 +101,19 @@ class RowLogs:
 
     def record(self, position: int, next_ids: np.ndarray, logits: Any, scores: Any) -> None:
         for row, top in enumerate(self.top):
-            if top < 0:
-                continue
-            logprobs = log_softmax(scores[row : row + 1])[0]
-            chosen = float(logprobs[next_ids[row]])
-            best: list[tuple[int, float]] = []
-            if top:
-                ids = np.argpartition(-logprobs, top - 1)[:top]
-                order = np.lexsort((ids, -logprobs[ids]))
-                best = [(int(i), float(logprobs[i])) for i in ids[order]]
-            self.last[row] = (chosen, best)
+            if top >= 0:
+                self.record_row(row, int(next_ids[row]), scores[row])
+
+    def record_row(self, row: int, token: int, scores: np.ndarray) -> None:
+        """The logprob of ``token`` under ``scores`` (V,) and the ``top[row]`` best."""
+        top = self.top[row]
+        logprobs = log_softmax(scores[None, :])[0]
+        best: list[tuple[int, float]] = []
+        if top:
+            ids = np.argpartition(-logprobs, top - 1)[:top]
+            order = np.lexsort((ids, -logprobs[ids]))
+            best = [(int(i), float(logprobs[i])) for i in ids[order]]
+        self.last[row] = (float(logprobs[token]), best)
 
 
 class ContinuousBatch(Generation):
@@ -129,32 +142,34 @@ class ContinuousBatch(Generation):
         self.record.top.append(logprobs)
         self.record.last.append(None)
         self._regroup()
-        self._prefill_row(0, 0, self.length - 1)  # every step is then one token per row
-        self.fed = self.length - 1
 
     # -- joining and leaving ------------------------------------------------------------
 
     def join(self, prompt: list[int], chain: Chain, *, logprobs: int = -1) -> int:
-        """Add a request as the last row and prefill it; returns its row. Call between
-        steps (after the first)."""
+        """Add a request as the last row: prefill its whole prompt alone (as ``generate``
+        would), pick its first token with its own components, and place it so that token
+        is this row's unfed one, in the column every other row's newest token is in.
+        Returns the row; the row may already be finished (EOS, a one-token limit). Call
+        between steps, after the first."""
         if not prompt:
             raise InputError("an empty prompt cannot join")
-        if len(prompt) > self.length:  # room on the left for the longer prompt
-            self._shift(len(prompt) - self.length)
+        if len(prompt) + 1 > self.length:  # room on the left for the prompt and a token
+            self._shift(len(prompt) + 1 - self.length)
         row = self.batch_size
+        end = self.length - 1  # the prompt ends where the others' unfed tokens are
+        pad = end - len(prompt)
         self.chain.cache.set_active(row + 1)
         self.reserve(self.length + 2)
         width = self.ids.shape[1]
         ids = np.full((1, width), self.pad_token_id, dtype=np.int64)
         mask = np.zeros((1, width), dtype=np.int64)
-        pad = self.length - len(prompt)
-        ids[0, pad : self.length] = prompt
-        mask[0, pad : self.length] = 1
+        ids[0, pad:end] = prompt
+        mask[0, pad : end + 1] = 1
         self.ids = np.concatenate([self.ids, ids])
         self.mask = np.concatenate([self.mask, mask])
         for name, value in (
-            ("_next_position", len(prompt)), ("_pads", pad), ("_reused", 0),
-            ("_prompt_end", self.length),
+            ("_next_position", len(prompt) + 1), ("_pads", pad), ("_reused", 0),
+            ("_prompt_end", end),
         ):  # fmt: skip
             setattr(self, name, np.append(getattr(self, name), value))
         self.unfinished = np.append(self.unfinished, True)
@@ -166,8 +181,36 @@ class ContinuousBatch(Generation):
         self.record.top.append(logprobs)
         self.record.last.append(None)
         self._regroup()
-        self._prefill_row(row, pad, self.length - 1)
+        logits = self._prefill_row(row, pad, end)
+        self._first_token(row, logits)
         return row
+
+    def last_token(self, row: int) -> int:
+        """The newest token of ``row`` (its first one right after it joined)."""
+        return int(self.ids[row, self._end(row) - 1])
+
+    def _first_token(self, row: int, logits: np.ndarray) -> None:
+        """The joining row's step 0, alone: its components on its prompt, the token
+        written into the column the next batched forward feeds, its text and stopping."""
+        chain = self._row_chains[row]
+        pad, end = int(self._pads[row]), int(self._prompt_end[row])
+        rows = np.asarray([row])
+        try:
+            picked, scores = self._pick_group(chain, self.ids[row : row + 1, pad:end], logits)
+        except Exception as exc:  # its own component: only this row fails
+            self.errors[row] = exc
+            self.finish(row, "error")
+            return
+        token = int(picked[0])
+        self.ids[row, end] = token
+        if self.record.top[row] >= 0:
+            self.record.record_row(row, token, scores[0])
+        stopped = bool(self._texts) and self._texts[row].push(token)
+        self._stop_group(rows, chain, self.ids[row : row + 1, pad : end + 1], scores)
+        if self.errors[row] is not None:
+            self.finish(row, "error")
+        elif stopped:
+            self.finish(row, "stop_string")
 
     def leave(self, rows: list[int]) -> list[int]:
         """Drop finished rows: each freed slot takes the last rows, so few rows move.
@@ -239,18 +282,19 @@ class ContinuousBatch(Generation):
         self._groups = [(np.asarray([r]), c) for r, c in enumerate(self._row_chains)]
         self._solo = {id(c) for c in self._row_chains}
 
-    def _prefill_row(self, row: int, start: int, end: int) -> None:
-        """Feed the row's columns [start, end) alone, in chunks; its last prompt token is
-        fed with the batch at the next step, like every other row's newest token."""
+    def _prefill_row(self, row: int, start: int, end: int) -> np.ndarray:
+        """Feed the row's columns [start, end) alone, in chunks of ``prefill_chunk`` as
+        ``generate`` does; returns the last position's logits (1, V)."""
         pad = int(self._pads[row])
         try:
             for first in range(start, end, self.prefill_chunk):
                 last = min(end, first + self.prefill_chunk)
                 self._cache_call("select", row)
                 mask = np.ones((1, last - pad), dtype=np.int64)
-                self._run(self.ids[row : row + 1, first:last], mask, None)
+                logits = self._run(self.ids[row : row + 1, first:last], mask, None)
         finally:
             self._cache_call("select", None)
+        return np.array(logits[:, -1, :], dtype=np.float32)
 
     def _shift(self, columns: int) -> None:
         """Add ``columns`` padding columns on the left (negative: drop them). The keys and

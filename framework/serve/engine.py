@@ -27,6 +27,8 @@ from ..chain import build_chain
 from ..errors import InputError
 from .batch import ContinuousBatch, SlotCache
 
+#: positions per row the shared cache starts with (it doubles when a row needs more)
+SLOT_POSITIONS = 256
 #: what ends a row's piece stream when the engine itself fails the row
 _ERROR = "error"
 
@@ -64,6 +66,7 @@ class RowHandle:
         self.submitted = time.perf_counter()
         self.first_token_s: float | None = None
         self.error: Exception | None = None  # why the row ended with finish_reason "error"
+        self.outcome: str | None = None  # "finished", "failed" or "cancelled" once it ended
         self.cancelled = threading.Event()
         self._loop = loop
         self._queue: asyncio.Queue[StreamPiece | None] = asyncio.Queue()
@@ -140,11 +143,19 @@ class Engine:
                 f"exceeds the model's context of {context} tokens"
             )
 
+    def check_components(self, prompt: list[int], settings: dict[str, Any]) -> None:
+        """Build the row's components once, so a factory that refuses a value fails the
+        request before anything is sent (the engine builds them again for the row).
+        Call after :meth:`check`."""
+        config = self.gen.resolve_config(settings).config
+        build_chain(self.gen.registry, self.gen._context([prompt], config), cache=("none", None))
+
     def submit(self, prompt: list[int], settings: dict[str, Any]) -> RowHandle:
         """Queue one row (call from the event loop's thread; settings checked first)."""
         if not self._accepting:
             raise ShuttingDown("the server is shutting down")
         self.check(prompt, settings)
+        self.check_components(prompt, settings)
         handle = RowHandle(asyncio.get_running_loop(), prompt, settings)
         with self._wake:
             if len(self._waiting) >= self.max_queue:
@@ -159,6 +170,11 @@ class Engine:
 
     def stop_accepting(self) -> None:
         self._accepting = False
+
+    @property
+    def alive(self) -> bool:
+        """Whether the decode loop thread runs (``/health`` reports a dead one)."""
+        return self._thread.is_alive()
 
     @property
     def busy(self) -> bool:
@@ -209,6 +225,10 @@ class Engine:
                 return
             for handle in joining:
                 batch = self._admit(batch, rows, handle)
+            if batch is not None:  # a row may end with its first token (EOS, a limit of 1)
+                done = [r for r in range(len(rows)) if not batch.unfinished[r]]
+                if done:
+                    batch, rows = self._leave(batch, rows, done, None)
             if batch is None:
                 continue
             cancelled = [r for r, h in enumerate(rows) if h.cancelled.is_set()]
@@ -246,20 +266,33 @@ class Engine:
         if handle.cancelled.is_set():
             self._finish(handle, "cancelled")
             return batch
+        started_new = batch is None
         try:
             chain, logprobs = self._chain(handle)
-            if batch is None:
+            if batch is None:  # a new batch: its first step is this row's prefill
                 batch = ContinuousBatch(
                     self.gen.model, chain, handle.prompt, pad_token_id=self._pad,
                     tokenizer=self.gen.tokenizer, logprobs=logprobs,
                 )  # fmt: skip
-            else:
-                batch.join(handle.prompt, chain, logprobs=logprobs)
-        except Exception as exc:  # its settings or components could not be set up
+                batch.step()
+                row = 0
+            else:  # prefilled alone, its first token picked: it decodes with the rest
+                row = batch.join(handle.prompt, chain, logprobs=logprobs)
+        except Exception as exc:  # its settings, components or the model failed
             handle.fail(exc)
             self._finish(handle, "failed")
+            if started_new or batch is None:
+                return None
+            if batch.batch_size > len(rows):  # it failed after joining: take it out
+                batch.leave(list(range(len(rows), batch.batch_size)))
             return batch
         rows.append(handle)
+        error = batch.errors[row]
+        if error is not None:
+            handle.fail(error)
+        else:
+            handle.push(self._piece(batch, row, batch.last_token(row)))
+        self.stats.generated_tokens += 1
         return batch
 
     def _leave(
@@ -289,12 +322,11 @@ class Engine:
         return chain, wanted
 
     def _slot_cache(self, config: Any) -> SlotCache:
-        """One cache for every row: ``max_batch`` rows of the model's whole context (the OS
-        backs only the pages rows use)."""
-        context = self.gen.model.max_context or 4096
+        """One cache for every row: ``max_batch`` rows, positions grown by doubling as
+        the longest row needs (only the rows in use are copied)."""
         ctx = self.gen._context([[0]], config)
-        ctx = dataclasses.replace(ctx, batch_size=self.max_batch, max_length=context)
-        return SlotCache(ctx=ctx, capacity=context)
+        ctx = dataclasses.replace(ctx, batch_size=self.max_batch, max_length=SLOT_POSITIONS)
+        return SlotCache(ctx=ctx, capacity=SLOT_POSITIONS)
 
     def _piece(self, batch: ContinuousBatch, row: int, token: int) -> StreamPiece:
         logged = batch.record.last[row] if batch.record.top[row] >= 0 else None
@@ -358,6 +390,7 @@ class Engine:
             self.stats.batch_size = 0
 
     def _finish(self, handle: RowHandle, outcome: str) -> None:
+        handle.outcome = outcome
         setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
         self.stats.prompt_tokens += len(handle.prompt)
         if handle.first_token_s is not None:

@@ -236,6 +236,7 @@ def _default_length(gen: TextGenerator, settings: dict[str, Any], names: dict[st
 
 def check_row(
     check: Callable[[list[int], dict[str, Any]], None],
+    components: Callable[[list[int], dict[str, Any]], None],
     gen: TextGenerator,
     row: Row,
     request: ParsedRequest,
@@ -267,6 +268,12 @@ def check_row(
             problems = gen.registry.problems(kind, spec["name"], params)
             if problems:
                 raise RequestError(f"{key} ({spec['name']}): {'; '.join(problems)}", param=key)
+    try:  # the factories themselves, with the values given
+        components(row.prompt, row.settings)
+    except (ConfigError, InputError) as exc:
+        given = [k for k in COMPONENT_KINDS if row.settings.get(k) is not None]
+        param = config_param(str(exc), request.names) or (given[0] if given else None)
+        raise RequestError(str(exc), param=param) from None
 
 
 def config_param(message: str, names: Mapping[str, str]) -> str | None:

@@ -55,7 +55,7 @@ class ServerState:
         if not self.accepting:
             raise shutting_down()
         for row in request.rows:
-            check_row(self.engine.check, self.gen, row, request)
+            check_row(self.engine.check, self.engine.check_components, self.gen, row, request)
         handles: list[RowHandle] = []
         try:
             for row in request.rows:
