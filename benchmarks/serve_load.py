@@ -131,6 +131,46 @@ async def measure(args: argparse.Namespace, url: str) -> list[dict[str, Any]]:
     return levels
 
 
+async def goals(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    """The server's two goals, measured in one run: the same 8 requests one after
+    another, then all at once (the wall-time ratio); and the time to first token of a
+    short prompt on an idle server, then while 7 long streams decode (medians of 5)."""
+    client = openai.AsyncOpenAI(
+        base_url=f"{url}/v1", api_key=args.api_key or "unused", max_retries=0, timeout=600
+    )
+    await one_request(client, QUESTIONS[0], args.max_tokens)  # warm-up
+    started = time.perf_counter()
+    for question in QUESTIONS:
+        await one_request(client, question, args.max_tokens)
+    one_by_one = time.perf_counter() - started
+    started = time.perf_counter()
+    await asyncio.gather(*(one_request(client, q, args.max_tokens) for q in QUESTIONS))
+    together = time.perf_counter() - started
+    short = "Hi!"
+    idle = [(await one_request(client, short, 1))["ttft_s"] for _ in range(5)]
+    busy = []
+    for _ in range(5):
+        long = [asyncio.ensure_future(one_request(client, q, 200)) for q in QUESTIONS[:7]]
+        await asyncio.sleep(1.0)  # the seven are past their prefill, decoding
+        busy.append((await one_request(client, short, 1))["ttft_s"])
+        await asyncio.gather(*long)
+    result = {
+        "eight_one_by_one_s": round(one_by_one, 2),
+        "eight_at_once_s": round(together, 2),
+        "speedup": round(one_by_one / together, 2),
+        "ttft_idle_s": round(statistics.median(idle), 3),
+        "ttft_with_7_decoding_s": round(statistics.median(busy), 3),
+    }
+    result["ttft_ratio"] = round(result["ttft_with_7_decoding_s"] / result["ttft_idle_s"], 2)
+    print(
+        f"8 requests: one by one {one_by_one:.2f} s, at once {together:.2f} s "
+        f"({result['speedup']}x); TTFT idle {result['ttft_idle_s']} s, with 7 decoding "
+        f"{result['ttft_with_7_decoding_s']} s ({result['ttft_ratio']}x)",
+        flush=True,
+    )
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="a running server (default: start one)")
@@ -140,6 +180,9 @@ def main() -> None:
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--out", default="benchmarks/results/serve_load.json")
+    parser.add_argument(
+        "--goals", action="store_true", help="also: 8 at once vs one by one; TTFT under load"
+    )
     args = parser.parse_args()
     server = None
     url = args.url
@@ -147,6 +190,7 @@ def main() -> None:
         server, url = start_server(args)
     try:
         levels = asyncio.run(measure(args, url))
+        goal = asyncio.run(goals(args, url)) if args.goals else None
     finally:
         if server is not None:
             server.terminate()
@@ -159,6 +203,7 @@ def main() -> None:
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "levels": levels,
+        "goals": goal,
     }
     write_report(args.out, report)
 

@@ -42,10 +42,19 @@ def _add_pipeline_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_generation_flags(parser: argparse.ArgumentParser, *, length: bool = True) -> None:
+def _add_generation_flags(
+    parser: argparse.ArgumentParser, *, length: bool = True, cache: bool = True
+) -> None:
     for flag, dest, kind in SAMPLING_FLAGS:
         if length or dest != "max_new_tokens":
             parser.add_argument(flag, dest=dest, type=kind, default=None)
+    if cache:
+        parser.add_argument(
+            "--cache",
+            dest="cache_spec",
+            metavar="NAME[:key=value,...]",
+            help="KV cache backend, e.g. sliding_window:window=512,sink=4 (docs/caches.md)",
+        )
     parser.add_argument(
         "--do-sample",
         dest="do_sample",
@@ -66,6 +75,8 @@ def _add_generation_flags(parser: argparse.ArgumentParser, *, length: bool = Tru
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     settings = {dest: getattr(args, dest, None) for _, dest, _ in SAMPLING_FLAGS}
     settings["do_sample"] = args.do_sample
+    if getattr(args, "cache_spec", None):
+        settings["cache"] = _cache_spec(args.cache_spec)
     settings = {k: v for k, v in settings.items() if v is not None}
     for item in args.settings:
         key, value = _key_value(item, f"--set takes KEY=VALUE, got {item!r}")
@@ -191,45 +202,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import BenchSettings, format_report, run_bench
+    from .bench_cli import run_bench_command
 
-    prompt_ids = None
-    if args.prompt_ids:
-        try:
-            prompt_ids = json.loads(Path(args.prompt_ids).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise OrtgenError(f"--prompt-ids {args.prompt_ids}: {exc}") from exc
-        if not isinstance(prompt_ids, list) or not all(isinstance(t, int) for t in prompt_ids):
-            raise OrtgenError(f"--prompt-ids {args.prompt_ids} must hold a JSON list of ints")
-    for flag, value in (("--new-tokens", args.new_tokens), ("--batch", args.batch)):
-        if value < 1:
-            raise OrtgenError(f"{flag} must be at least 1, got {value}")
-    if args.prompt_tokens < 1:
-        raise OrtgenError(f"--prompt-tokens must be at least 1, got {args.prompt_tokens}")
-    settings = BenchSettings(
-        model=args.model,
-        prompt_tokens=args.prompt_tokens,
-        prompt_ids=prompt_ids,
-        new_tokens=args.new_tokens,
-        threads=args.threads,
-        batch=args.batch,
-        settings=_settings(args),
-        quality=not args.no_quality,
-        reference=args.reference,
-        eval_tokens=args.eval_tokens,
-    )
-    if args.cache:  # backends side by side, each in its own process
-        from .bench_caches import compare_caches, format_table
-
-        reports = compare_caches(settings, [_cache_spec(c) for c in args.cache], args.plot)
-        one = reports[0] if len(reports) == 1 else reports
-        print(json.dumps(one) if args.json else format_table(reports))
-        return 0
-    if args.plot:
-        raise OrtgenError("--plot draws KV-cache backends: give at least one --cache")
-    report = run_bench(settings)
-    print(json.dumps(report) if args.json else format_report(report))
-    return 0
+    return run_bench_command(args)
 
 
 def _cache_spec(text: str) -> dict[str, Any]:
@@ -438,7 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-tokens", type=int, help="score only this many tokens of the text")
     p.add_argument("--reference", help="fp32 model folder for top-1 agreement")
     p.add_argument("--no-quality", action="store_true", help="skip perplexity and agreement")
-    _add_generation_flags(p, length=False)  # --new-tokens sets the length
+    _add_generation_flags(p, length=False, cache=False)  # its own --cache; --new-tokens
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("run", help="run a pipeline over a file of requests (JSONL or Parquet)")
