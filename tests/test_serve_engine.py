@@ -187,3 +187,26 @@ def test_a_new_request_joins_without_waiting_for_the_batch(fused_chat) -> None:
     finally:
         engine.shutdown()
     assert order == ["short", "long"]  # it joined the running batch and left it first
+
+
+def test_rows_with_the_same_prompt_share_one_prefill(fused_chat) -> None:
+    """The n choices of one request (or identical prompts) copy the held row's keys and
+    values and its prefill logits: one prefill, and each row still equals it alone."""
+    gen = fused_chat
+    prompt = gen.tokenizer.encode("The same question, asked four times")
+    jobs = [
+        (prompt, {"max_new_tokens": 20, "do_sample": True, "seed": seed, "eos_token_id": None})
+        for seed in (1, 2, 3, 4)
+    ]
+    jobs.append((prompt, {"max_new_tokens": 12, "eos_token_id": None}))  # greedy, same prompt
+    engine = Engine(gen, max_batch=8)
+    engine.start()
+    try:
+        results = _run(engine, jobs)
+    finally:
+        engine.shutdown()
+    for (row_prompt, settings), (_handle, pieces) in zip(jobs, results, strict=True):
+        alone = gen.generate([row_prompt], **settings)
+        assert [p.token for p in pieces] == alone.tokens[0], settings
+    assert len({tuple(p.token for p in pieces) for _h, pieces in results[:4]}) > 1  # own seeds
+    assert engine.stats.shared_prefills == 4

@@ -72,6 +72,12 @@ class SlotCache(StaticCache):
         self.active = rows
         self.select(None)
 
+    def copy_row(self, source: int, target: int, positions: int) -> None:
+        """Row ``target`` takes row ``source``'s first ``positions`` keys/values."""
+        for buffer in self._buffers:
+            buffer[target, :, :positions] = buffer[source, :, :positions]
+        self._length = max(self._length, positions)
+
     def keep(self, order: np.ndarray) -> None:
         """Row ``i`` becomes row ``order[i]``; rows past ``len(order)`` are dropped.
         ``order`` moves rows only down (a tail row into a freed slot), so copying in
@@ -142,6 +148,11 @@ class ContinuousBatch(Generation):
         self.record.top.append(logprobs)
         self.record.last.append(None)
         self._regroup()
+        # prompt -> (its prefill's last logits, the row holding its keys/values): a row
+        # joining with the same prompt (the n choices of one request) copies them
+        self._prefilled: dict[tuple[int, ...], tuple[np.ndarray, int]] = {}
+        self._first_prompt = tuple(prompt)
+        self.shared_prefills = 0
 
     # -- joining and leaving ------------------------------------------------------------
 
@@ -181,7 +192,14 @@ class ContinuousBatch(Generation):
         self.record.top.append(logprobs)
         self.record.last.append(None)
         self._regroup()
-        logits = self._prefill_row(row, pad, end)
+        key = tuple(prompt)
+        if key in self._prefilled:  # the same prompt is held: the same keys/values, exactly
+            logits, source = self._prefilled[key]
+            self.chain.cache.copy_row(source, row, len(prompt))
+            self.shared_prefills += 1
+        else:
+            logits = self._prefill_row(row, pad, end)
+            self._prefilled[key] = (logits, row)
         self._first_token(row, logits)
         return row
 
@@ -232,6 +250,12 @@ class ContinuousBatch(Generation):
             values = getattr(self, name)
             if values:
                 setattr(self, name, [values[i] for i in order])
+        moved = {old: new for new, old in enumerate(order)}
+        self._prefilled = {
+            key: (logits, moved[row])
+            for key, (logits, row) in self._prefilled.items()
+            if row in moved
+        }
         self.record.top = [self.record.top[i] for i in order]
         self.record.last = [self.record.last[i] for i in order]
         self._finished_at = {}
@@ -250,6 +274,12 @@ class ContinuousBatch(Generation):
             if error is not None and self.unfinished[row]:
                 self.finish(row, "error")
         return next_ids
+
+    def _forward(self) -> np.ndarray:
+        logits = super()._forward()
+        if self.steps == 0:  # the first row's whole prefill: later copies of it may share
+            self._prefilled[self._first_prompt] = (np.array(logits[:1], dtype=np.float32), 0)
+        return logits
 
     def _pick(self, input_ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         next_ids = np.full(self.batch_size, self.pad_token_id, dtype=np.int64)

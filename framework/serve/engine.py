@@ -50,6 +50,7 @@ class EngineStats:
     failed: int = 0
     cancelled: int = 0
     generated_tokens: int = 0
+    shared_prefills: int = 0  # rows that copied a held row's prefill of the same prompt
     prompt_tokens: int = 0
     batch_size: int = 0
     queue_length: int = 0
@@ -277,7 +278,9 @@ class Engine:
                 batch.step()
                 row = 0
             else:  # prefilled alone, its first token picked: it decodes with the rest
+                before = batch.shared_prefills
                 row = batch.join(handle.prompt, chain, logprobs=logprobs)
+                self.stats.shared_prefills += batch.shared_prefills - before
         except Exception as exc:  # its settings, components or the model failed
             handle.fail(exc)
             self._finish(handle, "failed")

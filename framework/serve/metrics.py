@@ -84,6 +84,11 @@ def render(stats: EngineStats, http: HttpStats, *, model: str) -> str:
         ("ortgen_rows_cancelled_total", stats.cancelled, "Rows cancelled (client gone, shutdown)."),
         ("ortgen_prompt_tokens_total", stats.prompt_tokens, "Prompt tokens of ended rows."),
         ("ortgen_generated_tokens_total", stats.generated_tokens, "Tokens generated."),
+        (
+            "ortgen_shared_prefills_total",
+            stats.shared_prefills,
+            "Rows that took a held row's prefill of the same prompt instead of their own.",
+        ),
     )
     for name, value, help_text in counters:
         _metric(lines, name, "counter", help_text)
