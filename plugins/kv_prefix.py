@@ -24,6 +24,7 @@ import numpy as np
 
 from ortgen import GenerationContext, hookimpl
 
+from ._args import is_int
 from .caches import StaticCache
 
 #: default bound of one model's store
@@ -107,7 +108,7 @@ class PrefixCache(StaticCache):
         max_bytes: int = DEFAULT_MAX_BYTES,
         capacity: int | None = None,
     ) -> None:
-        if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 0:
+        if not is_int(max_bytes) or max_bytes < 0:
             raise ValueError(f"max_bytes must be a non-negative integer, got {max_bytes!r}")
         super().__init__(ctx=ctx, capacity=capacity)
         self.signature = ctx.signature

@@ -19,6 +19,8 @@ import onnxruntime as ort
 
 from ortgen import ConfigError, GenerationContext, hookimpl
 
+from ._args import is_int
+
 _FP16_MAX = float(np.finfo(np.float16).max)
 
 
@@ -53,12 +55,12 @@ class QuantizedCache:
             raise ConfigError("the quantized cache needs the model's graph signature in ctx")
         self.signature = ctx.signature
         dim = self.signature.head_dim
-        if not _is_int(bits) or bits not in (8, 4):
+        if not is_int(bits) or bits not in (8, 4):
             raise ConfigError(f"`bits` has to be 8 or 4, but is {bits!r}")
         if group is None:
             group = dim if bits == 8 else min(32, dim)
         divisors = [g for g in range(1, dim + 1) if dim % g == 0 and (bits == 8 or g % 2 == 0)]
-        if not _is_int(group) or group not in divisors:
+        if not is_int(group) or group not in divisors:
             kind = "a divisor" if bits == 8 else "an even divisor"
             raise ConfigError(
                 f"`group` has to be {kind} of head_dim {dim} ({', '.join(map(str, divisors))}) "
@@ -213,10 +215,6 @@ class QuantizedCache:
         self._allocate(len(self._counts), max(needed, 2 * self._capacity))
         for store, part in zip(self._stores(), kept, strict=True):
             store[:, :, :, :held] = part
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def _fp16_up(values: np.ndarray) -> np.ndarray:

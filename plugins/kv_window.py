@@ -33,6 +33,7 @@ import onnxruntime as ort
 
 from ortgen import GenerationContext, hookimpl
 
+from ._args import is_int
 from ._rope import KeyShifter, inverse_frequencies
 
 
@@ -67,11 +68,11 @@ def sliding_window_cache(
             "window is required: the model's config declares no sliding_window "
             "(e.g. cache={'name': 'sliding_window', 'window': 512, 'sink': 4})"
         )
-    if not isinstance(window, int) or isinstance(window, bool) or window < 2:
+    if not is_int(window) or window < 2:
         raise ValueError(f"window must be an integer of at least 2, got {window!r}")
-    if not isinstance(sink, int) or isinstance(sink, bool) or sink < 0:
+    if not is_int(sink) or sink < 0:
         raise ValueError(f"sink must be a non-negative integer, got {sink!r}")
-    if not isinstance(evict, int) or isinstance(evict, bool) or not 1 <= evict < window:
+    if not is_int(evict) or not 1 <= evict < window:
         raise ValueError(f"evict must be an integer in [1, window), got {evict!r}")
     shared = ctx.signature.shared_kv
     exact = declared == window and sink == 0 and not shared

@@ -17,7 +17,7 @@ import pytest
 
 import ortgen
 from ortgen import InputError
-from tests.tiny_models import EOS_ID, PAD_ID
+from tests.tiny_models import EOS_ID, hf_greedy
 
 FUSED_ARCHS = ("llama", "qwen2")
 PROMPTS = [[1, 5, 9, 33, 70, 12], [1, 44, 3], [1, 100, 101, 102, 103, 104, 105, 106, 107]]
@@ -36,14 +36,7 @@ def fused(request: pytest.FixtureRequest, fused_model_dirs):
 
 
 def _hf_greedy(hf, prompt: list[int], new: int = NEW) -> list[int]:
-    import torch
-
-    with torch.no_grad():
-        out = hf.generate(
-            torch.tensor([prompt]), max_new_tokens=new, do_sample=False, eos_token_id=None,
-            pad_token_id=PAD_ID,
-        )  # fmt: skip
-    return out[0, len(prompt) :].tolist()
+    return hf_greedy(hf, prompt, new)
 
 
 def test_fused_export_is_a_shared_buffer_graph_without_position_ids(fused) -> None:

@@ -18,7 +18,7 @@ import pytest
 import ortgen
 from ortgen import ConfigError
 from ortgen.plugins._rope import KeyShifter, inverse_frequencies
-from tests.tiny_models import PAD_ID, SLIDING_WINDOW, export_tiny
+from tests.tiny_models import SLIDING_WINDOW, export_tiny, hf_greedy
 
 PROMPTS = [[1, 5, 9, 33, 70, 12, 40, 41, 42, 43, 44, 45], [1, 44, 3], [1, 100, 101, 102, 103]]
 
@@ -33,17 +33,6 @@ def mistral(tiny_root: Path):
     return hf, ortgen.load(out, threads=1)
 
 
-def _hf_greedy(hf, prompt: list[int], new: int) -> list[int]:
-    import torch
-
-    with torch.no_grad():
-        out = hf.generate(
-            torch.tensor([prompt]), max_new_tokens=new, do_sample=False, eos_token_id=None,
-            pad_token_id=PAD_ID,
-        )  # fmt: skip
-    return out[0, len(prompt) :].tolist()
-
-
 def _greedy(gen, prompts, new: int, cache) -> list[list[int]]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -56,7 +45,7 @@ def _greedy(gen, prompts, new: int, cache) -> list[list[int]]:
 def test_declared_window_is_exact_against_transformers(mistral) -> None:
     hf, gen = mistral
     assert gen.model.config["sliding_window"] == SLIDING_WINDOW
-    expected = [_hf_greedy(hf, p, 30) for p in PROMPTS]
+    expected = [hf_greedy(hf, p, 30) for p in PROMPTS]
     assert _greedy(gen, PROMPTS, 30, "sliding_window") == expected  # a padded batch
     for prompt, tokens in zip(PROMPTS, expected, strict=True):
         assert _greedy(gen, prompt, 30, {"name": "sliding_window"}) == [tokens]

@@ -185,3 +185,16 @@ def _export_bad(root: Path, name: str, task: str) -> Path:
     }
     (out / "ortgen_manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return out
+
+
+def hf_greedy(hf: Any, prompt: list[int], new: int) -> list[int]:
+    """transformers' own greedy continuation of ``prompt`` (EOS ignored): the reference
+    the exported graphs are compared with token for token."""
+    import torch
+
+    with torch.no_grad():
+        out = hf.generate(
+            torch.tensor([prompt]), max_new_tokens=new, do_sample=False, eos_token_id=None,
+            pad_token_id=PAD_ID,
+        )  # fmt: skip
+    return out[0, len(prompt) :].tolist()
