@@ -71,14 +71,42 @@ class QuantizedCache:
         self._shared = self.signature.shared_kv
         self._dtype = np.dtype(self.signature.kv_dtype)
         self._row: int | None = None  # the row select() exposes, None: all rows
+        self._past: np.ndarray | None = None  # concat graphs: this forward's float past
         self._counts = np.zeros(ctx.batch_size, dtype=np.int64)  # positions held per row
         self._allocate(ctx.batch_size, max(ctx.max_length, 1))
+        self._new = 0  # positions the forward being run adds (from feed_mask)
+        self._step: list[ort.OrtValue] = []  # this forward's float buffers, past and present
 
     # -- the protocol ----------------------------------------------------------------
 
-    def inputs(self) -> dict[str, Any]:
+    def feed_mask(self, mask: np.ndarray, new: int) -> np.ndarray:
+        """Unchanged: the cache only needs to know how many positions the forward adds."""
+        self._new = new
+        return mask
+
+    def outputs(self, total: int) -> list[ort.OrtValue]:
+        """This forward's float buffers of ``total`` positions, the past dequantized into
+        them. On shared graphs they are bound as past and present at once, so
+        onnxruntime writes only the new positions (no present to allocate, no past to
+        copy into it); on concat graphs it writes the whole present there."""
         rows = self._rows()
-        past = self._dequantize(rows, int(self._counts[rows].max(initial=0)))
+        held = int(self._counts[rows].max(initial=0))
+        lead = (len(self._names), len(self._counts[rows]), self.signature.num_kv_heads)
+        buffer = np.empty((*lead, total, self.signature.head_dim), dtype=self._dtype)
+        if self._shared:
+            self._dequantize(rows, held, out=buffer[:, :, :, :held])
+            self._past = None
+        else:  # concat: the past is fed apart, the present is past + new
+            self._past = self._dequantize(rows, held)
+        self._step = [ort.OrtValue.ortvalue_from_numpy(b) for b in buffer]
+        return self._step
+
+    def inputs(self) -> dict[str, Any]:
+        if not self._step:  # called without outputs(): the past alone, dequantized
+            rows = self._rows()
+            past = list(self._dequantize(rows, int(self._counts[rows].max(initial=0))))
+        else:
+            past = self._step if self._past is None else list(self._past)
         return dict(zip(self._names, past, strict=True))
 
     def update(self, presents: list[Any]) -> None:
@@ -88,7 +116,9 @@ class QuantizedCache:
         rows = self._rows()
         counts = self._counts[rows]
         held = int(counts.max(initial=0))
-        new = arrays[0].shape[2] - held  # presents are (b, H, held + new, D)
+        # concat presents are (b, H, held + new, D); a shared buffer may be wider (padding)
+        bound = self._shared and bool(self._step)  # our buffers: maybe wider than held + new
+        new = self._new if bound else arrays[0].shape[2] - held
         if new < 0 or arrays[0].shape[0] != len(counts):
             raise ValueError(f"presents of shape {arrays[0].shape} after {held} held positions")
         if held + new > self._capacity:
@@ -104,6 +134,7 @@ class QuantizedCache:
                 for store, part in zip(self._stores(), parts, strict=True):
                     store[:, i, :, start : start + new] = part[:, i]
         self._counts[rows] += new
+        self._step, self._past = [], None  # the float copies go: only codes are held
 
     def reorder(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, dtype=np.int64)
@@ -168,15 +199,20 @@ class QuantizedCache:
         packed = q[..., :half] | (q[..., half:] << 4)
         return [packed.reshape(*x.shape[:-1], -1), scale, low]
 
-    def _dequantize(self, rows: slice, length: int) -> np.ndarray:
-        """Positions [0, length) of ``rows``, (N, b, H, length, D) in the graph's dtype.
+    def _dequantize(self, rows: slice, length: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Positions [0, length) of ``rows``, (N, b, H, length, D) in the graph's dtype
+        (into ``out`` when given).
 
         Scales are widened to float32 first (a small array): numpy then runs one
         float32 multiply over the codes instead of converting float16 per element.
         """
         codes, scale, *low = (store[:, rows, :, :length] for store in self._stores())
         lead, groups = codes.shape[:-1], self.signature.head_dim // self._group
-        out = np.empty((*lead, groups, self._group), dtype=self._dtype)
+        shape = (*lead, groups, self._group)
+        target = out
+        out = None if target is None else target.reshape(shape)  # a view: D splits in place
+        if out is None or not np.shares_memory(out, target):
+            out = np.empty(shape, dtype=self._dtype)
         scale = scale.astype(np.float32)[..., None]
         if self._bits == 8:
             np.multiply(codes.reshape(out.shape), scale, out=out)
@@ -187,7 +223,10 @@ class QuantizedCache:
             np.right_shift(packed, 4, out=q[..., 1, :])
             np.multiply(q.reshape(out.shape), scale, out=out)
             out += low[0].astype(np.float32)[..., None]
-        return out.reshape(*lead, self.signature.head_dim)
+        result = out.reshape(*lead, self.signature.head_dim)
+        if target is not None and not np.shares_memory(result, target):
+            target[...] = result
+        return result if target is None else target
 
     # -- memory ---------------------------------------------------------------------
 
