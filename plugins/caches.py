@@ -51,12 +51,12 @@ class DynamicCache:
         self._length = _shape(presents[0])[2]
 
     def reorder(self, rows: np.ndarray) -> None:
-        self._values = [_numpy(v)[rows] for v in self._values]
+        self._values = [as_numpy(v)[rows] for v in self._values]
 
     def crop(self, length: int) -> None:
         if not 0 <= length <= self._length:
             raise ValueError(f"cannot crop a cache of length {self._length} to {length}")
-        self._values = [np.ascontiguousarray(_numpy(v)[:, :, :length]) for v in self._values]
+        self._values = [np.ascontiguousarray(as_numpy(v)[:, :, :length]) for v in self._values]
         self._length = length
 
     @property
@@ -221,7 +221,9 @@ def _shape(value: Any) -> tuple[int, ...]:
     return tuple(value.shape) if isinstance(value, np.ndarray) else tuple(value.shape())
 
 
-def _numpy(value: Any) -> np.ndarray:
+def as_numpy(value: Any) -> np.ndarray:
+    """A present as numpy (an OrtValue's memory is viewed, not copied); the built-in
+    backends receive presents as either."""
     return value.numpy() if isinstance(value, ort.OrtValue) else value
 
 

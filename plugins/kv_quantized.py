@@ -20,6 +20,7 @@ import onnxruntime as ort
 from ortgen import ConfigError, GenerationContext, hookimpl
 
 from ._args import is_int
+from .caches import as_numpy
 
 _FP16_MAX = float(np.finfo(np.float16).max)
 
@@ -112,7 +113,7 @@ class QuantizedCache:
     def update(self, presents: list[Any]) -> None:
         if len(presents) != len(self._names):
             raise ValueError(f"expected {len(self._names)} present tensors, got {len(presents)}")
-        arrays = [_numpy(p) for p in presents]
+        arrays = [as_numpy(p) for p in presents]
         rows = self._rows()
         counts = self._counts[rows]
         held = int(counts.max(initial=0))
@@ -277,11 +278,6 @@ def _fp16_down(values: np.ndarray) -> np.ndarray:
 def _nonzero(scale: np.ndarray) -> np.ndarray:
     """float32 divisors: an all-zero (or constant) group has scale 0 and codes 0."""
     return np.where(scale > 0, scale, np.float16(1)).astype(np.float32)
-
-
-def _numpy(value: Any) -> np.ndarray:
-    """An OrtValue's memory as numpy (no copy on CPU), or the array itself."""
-    return value.numpy() if isinstance(value, ort.OrtValue) else np.asarray(value)
 
 
 @hookimpl

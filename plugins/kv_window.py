@@ -35,6 +35,7 @@ from ortgen import GenerationContext, hookimpl
 
 from ._args import is_int
 from ._rope import KeyShifter, inverse_frequencies
+from .caches import as_numpy
 
 
 def declared_window(config: Any) -> int | None:
@@ -152,7 +153,7 @@ class RingWindowCache(_WindowBase):
     def update(self, presents: list[Any]) -> None:
         new = self._new_mask.shape[1]
         slots = self._slot_mask.shape[1]
-        values = [_numpy(p)[:, :, slots:] for p in presents]
+        values = [as_numpy(p)[:, :, slots:] for p in presents]
         if self.sink and (self._sunk < self.sink).any():
             self._fill_sinks(values)
         keep = min(new, self.ring)  # only the last ring-full of a long chunk stays
@@ -343,10 +344,6 @@ class SharedWindowCache(_WindowBase):
             )
         self._counts = np.maximum(self._counts - drop, 0)  # rows move together after prefill
         self._seen = np.maximum(self._seen - drop, 0)
-
-
-def _numpy(value: Any) -> np.ndarray:
-    return value.numpy() if isinstance(value, ort.OrtValue) else value
 
 
 @hookimpl
