@@ -82,6 +82,19 @@ class StreamPiece:
     top_logprobs: list[tuple[int, float]] | None = None
     finish_reason: str | None = None  # set on the last piece
 
+    @classmethod
+    def of(cls, state: Generation, row: int, token: int) -> StreamPiece:
+        """What ``row`` of ``state`` produced with its newest ``token`` (text only with a
+        tokenizer; logprobs when the request recorded them)."""
+        record = state.record
+        return cls(
+            text=state.new_text(row) if state.tokenizer is not None else "",
+            token=token,
+            logprob=state.logprobs(row)[-1] if record.want_logprobs else None,
+            top_logprobs=state.top_logprobs(row)[-1] if record.top else None,
+            finish_reason=None if state.unfinished[row] else state.finish_reasons[row],
+        )
+
 
 class TextGenerator:
     """A model folder ready to generate: graph session, tokenizer, config layers, plugins."""
@@ -207,17 +220,8 @@ class TextGenerator:
         if not single or configs[0].num_return_sequences != 1 or configs[0].num_beams != 1:
             raise InputError("stream_pieces() takes one prompt, one sequence and no beams")
         state = self._start(rows, configs, seeds)
-        record = state.record
         while not state.is_done:
-            token = int(state.step()[0])
-            done = state.is_done
-            yield StreamPiece(
-                text=state.new_text(0),
-                token=token,
-                logprob=state.logprobs(0)[-1] if record.want_logprobs else None,
-                top_logprobs=state.top_logprobs(0)[-1] if record.top else None,
-                finish_reason=state.finish_reasons[0] if done else None,
-            )
+            yield StreamPiece.of(state, 0, int(state.step()[0]))
 
     def next_turn(self, state: Generation | None, prompt: list[int], **settings: Any) -> Generation:
         """A one-row request for ``prompt`` that reuses ``state``'s KV cache when it can.

@@ -367,7 +367,6 @@ class Engine:
         self.stats.batch_size = 1
         try:
             state = self.gen.start([handle.prompt], **handle.settings)
-            record = state.record
             while not state.is_done:
                 if handle.cancelled.is_set():
                     self._finish(handle, "cancelled")
@@ -375,16 +374,7 @@ class Engine:
                 started = time.perf_counter()
                 token = int(state.step()[0])
                 self._rate(1, time.perf_counter() - started)
-                done = state.is_done
-                handle.push(
-                    StreamPiece(
-                        text=state.new_text(0) if state.tokenizer is not None else "",
-                        token=token,
-                        logprob=state.logprobs(0)[-1] if record.want_logprobs else None,
-                        top_logprobs=state.top_logprobs(0)[-1] if record.top else None,
-                        finish_reason=state.finish_reasons[0] if done else None,
-                    )
-                )
+                handle.push(StreamPiece.of(state, 0, token))
             self._finish(handle, "finished")
         except Exception as exc:  # a plugin or the model failed: only this row ends
             handle.fail(exc)
