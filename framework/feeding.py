@@ -137,9 +137,7 @@ class Feeding:
                 first = max(start, pad + int(self._reused[row]))  # reused: already held
                 if first >= end:  # this chunk is all padding for the row (never the last)
                     continue
-                self._cache_call("select", row)
-                mask = np.ones((1, end - pad), dtype=np.int64)
-                logits = self._run(self.ids[row : row + 1, first:end], mask, None)
+                logits = self._run_row(row, first, end)
                 if last:
                     rows.append(logits[:, -1:].copy())
         finally:
@@ -147,6 +145,14 @@ class Feeding:
         if not last:
             return np.empty((self.batch_size, 1, 0), dtype=np.float32)
         return np.concatenate(rows, axis=0)
+
+    def _run_row(self, row: int, first: int, end: int) -> np.ndarray:
+        """Feed ``row``'s columns [first, end) alone on a shared-buffer graph: the cache
+        exposes that row (the caller selects all rows again when done), and the mask is
+        the row's real length so far, which is all such a graph reads from it."""
+        self._cache_call("select", row)
+        mask = np.ones((1, end - int(self._pads[row])), dtype=np.int64)
+        return self._run(self.ids[row : row + 1, first:end], mask, None)
 
     def _run(self, input_ids: np.ndarray, mask: np.ndarray, positions: np.ndarray | None):
         """One forward: past (and present buffers, if the cache owns them) from the cache.

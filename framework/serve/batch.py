@@ -315,13 +315,9 @@ class ContinuousBatch(Generation):
     def _prefill_row(self, row: int, start: int, end: int) -> np.ndarray:
         """Feed the row's columns [start, end) alone, in chunks of ``prefill_chunk`` as
         ``generate`` does; returns the last position's logits (1, V)."""
-        pad = int(self._pads[row])
         try:
             for first in range(start, end, self.prefill_chunk):
-                last = min(end, first + self.prefill_chunk)
-                self._cache_call("select", row)
-                mask = np.ones((1, last - pad), dtype=np.int64)
-                logits = self._run(self.ids[row : row + 1, first:last], mask, None)
+                logits = self._run_row(row, first, min(end, first + self.prefill_chunk))
         finally:
             self._cache_call("select", None)
         return np.array(logits[:, -1, :], dtype=np.float32)
