@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api import StreamPiece, TextGenerator
-from ..chain import build_chain
+from ..chain import Chain, build_chain
+from ..config import GenerationConfig
 from ..errors import InputError
 from .batch import ContinuousBatch, SlotCache
 
@@ -61,9 +62,12 @@ class EngineStats:
 class RowHandle:
     """One submitted row: its pieces as they come, and a way to cancel it."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, prompt: list[int], settings: dict) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, prompt: list[int], settings: dict, chain: Chain
+    ) -> None:
         self.prompt = prompt
         self.settings = settings
+        self.chain = chain  # its components, built when it was checked (no cache yet)
         self.submitted = time.perf_counter()
         self.first_token_s: float | None = None
         self.error: Exception | None = None  # why the row ended with finish_reason "error"
@@ -125,8 +129,8 @@ class Engine:
     def start(self) -> None:
         self._thread.start()
 
-    def check(self, prompt: list[int], settings: dict[str, Any]) -> None:
-        """Raise ``ConfigError``/``InputError`` naming what is wrong with one row."""
+    def check(self, prompt: list[int], settings: dict[str, Any]) -> GenerationConfig:
+        """The row's resolved config; ``ConfigError``/``InputError`` naming what is wrong."""
         config = self.gen.resolve_config(settings).config
         self.gen.prompts.check_ids(prompt, 0)
         if config.cache is not None:
@@ -143,21 +147,25 @@ class Engine:
                 f"the prompt ({len(prompt)} tokens) plus max_tokens ({config.max_new_tokens}) "
                 f"exceeds the model's context of {context} tokens"
             )
+        return config
 
-    def check_components(self, prompt: list[int], settings: dict[str, Any]) -> None:
-        """Build the row's components once, so a factory that refuses a value fails the
-        request before anything is sent (the engine builds them again for the row).
-        Call after :meth:`check`."""
-        config = self.gen.resolve_config(settings).config
-        build_chain(self.gen.registry, self.gen._context([prompt], config), cache=("none", None))
+    def check_components(self, prompt: list[int], config: GenerationConfig) -> Chain:
+        """Build the row's components (no cache yet) from :meth:`check`'s config, so a
+        factory that refuses a value fails the request before anything is sent; the row
+        runs with these very components."""
+        ctx = self.gen._context([prompt], config)
+        return build_chain(self.gen.registry, ctx, cache=("none", None))
 
-    def submit(self, prompt: list[int], settings: dict[str, Any]) -> RowHandle:
-        """Queue one row (call from the event loop's thread; settings checked first)."""
+    def submit(
+        self, prompt: list[int], settings: dict[str, Any], *, chain: Chain | None = None
+    ) -> RowHandle:
+        """Queue one row (call from the event loop's thread). ``chain``: its components
+        from :meth:`check_components`, when the caller checked the row already."""
         if not self._accepting:
             raise ShuttingDown("the server is shutting down")
-        self.check(prompt, settings)
-        self.check_components(prompt, settings)
-        handle = RowHandle(asyncio.get_running_loop(), prompt, settings)
+        if chain is None:
+            chain = self.check_components(prompt, self.check(prompt, settings))
+        handle = RowHandle(asyncio.get_running_loop(), prompt, settings, chain)
         with self._wake:
             if len(self._waiting) >= self.max_queue:
                 raise QueueFull(
@@ -316,18 +324,17 @@ class Engine:
     def _chain(self, handle: RowHandle) -> tuple[Any, int]:
         """The row's own components (one row, its settings and seed) over the shared cache,
         and how many logprob alternatives it wants (-1: none)."""
-        config = self.gen.resolve_config(handle.settings).config
-        ctx = self.gen._context([handle.prompt], config)
         if self._cache is None:
-            self._cache = self._slot_cache(config)
-        chain = build_chain(self.gen.registry, ctx, cache=("static", self._cache))
-        wanted = config.top_logprobs if (config.logprobs or config.top_logprobs) else -1
+            self._cache = self._slot_cache()
+        chain = dataclasses.replace(handle.chain, cache=self._cache, cache_name="static")
+        record = chain.record
+        wanted = record["top_logprobs"] if record["logprobs"] or record["top_logprobs"] else -1
         return chain, wanted
 
-    def _slot_cache(self, config: Any) -> SlotCache:
+    def _slot_cache(self) -> SlotCache:
         """One cache for every row: ``max_batch`` rows, positions grown by doubling as
         the longest row needs (only the rows in use are copied)."""
-        ctx = self.gen._context([[0]], config)
+        ctx = self.gen._context([[0]], self.gen.resolve_config({}).config)
         ctx = dataclasses.replace(ctx, batch_size=self.max_batch, max_length=SLOT_POSITIONS)
         return SlotCache(ctx=ctx, capacity=SLOT_POSITIONS)
 

@@ -16,14 +16,16 @@ the response side (chunks, logprobs) lives in ``responses``.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..api import TextGenerator
+from ..chain import Chain
 from ..config import FIELDS
 from ..config_values import normalise
 from ..errors import ConfigError, InputError, OrtgenError
+from .engine import Engine
 from .errors import RequestError
 from .openai_fields import boolean, integer, settings_of
 
@@ -234,17 +236,12 @@ def _default_length(gen: TextGenerator, settings: dict[str, Any], names: dict[st
 # -- checking rows ---------------------------------------------------------------------
 
 
-def check_row(
-    check: Callable[[list[int], dict[str, Any]], None],
-    components: Callable[[list[int], dict[str, Any]], None],
-    gen: TextGenerator,
-    row: Row,
-    request: ParsedRequest,
-) -> None:
+def check_row(engine: Engine, gen: TextGenerator, row: Row, request: ParsedRequest) -> Chain:
     """The engine's check of one row, then the named components against the registry
-    (unknown names and parameters fail here, with 400, not later in the engine)."""
+    (unknown names and parameters fail here, with 400, not later in the engine), then
+    the components themselves, which the row then runs with."""
     try:
-        check(row.prompt, row.settings)
+        config = engine.check(row.prompt, row.settings)
     except ConfigError as exc:
         raise RequestError(str(exc), param=config_param(str(exc), request.names)) from None
     except InputError as exc:
@@ -269,7 +266,7 @@ def check_row(
             if problems:
                 raise RequestError(f"{key} ({spec['name']}): {'; '.join(problems)}", param=key)
     try:  # the factories themselves, with the values given
-        components(row.prompt, row.settings)
+        return engine.check_components(row.prompt, config)
     except (ConfigError, InputError) as exc:
         given = [k for k in COMPONENT_KINDS if row.settings.get(k) is not None]
         param = config_param(str(exc), request.names) or (given[0] if given else None)

@@ -54,12 +54,11 @@ class ServerState:
         this request queued already)."""
         if not self.accepting:
             raise shutting_down()
-        for row in request.rows:
-            check_row(self.engine.check, self.engine.check_components, self.gen, row, request)
+        chains = [check_row(self.engine, self.gen, row, request) for row in request.rows]
         handles: list[RowHandle] = []
         try:
-            for row in request.rows:
-                handles.append(self.engine.submit(row.prompt, row.settings))
+            for row, chain in zip(request.rows, chains, strict=True):
+                handles.append(self.engine.submit(row.prompt, row.settings, chain=chain))
         except Exception as exc:
             for handle in handles:
                 handle.cancel()
