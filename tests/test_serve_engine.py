@@ -5,7 +5,9 @@ rows join a running batch without waiting for it to drain."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +67,17 @@ async def _collect(engine: Engine, prompt: list[int], settings: dict):
     return handle, pieces
 
 
+@contextlib.contextmanager
+def _running(gen, **limits) -> Iterator[Engine]:
+    """An engine with its loop thread started, shut down however the test ends."""
+    engine = Engine(gen, **limits)
+    engine.start()
+    try:
+        yield engine
+    finally:
+        engine.shutdown()
+
+
 def _run(engine: Engine, jobs):
     async def main():
         return await asyncio.gather(*[_collect(engine, p, s) for p, s in jobs])
@@ -75,12 +88,8 @@ def _run(engine: Engine, jobs):
 def test_concurrent_requests_equal_each_request_alone(fused_chat) -> None:
     gen = fused_chat
     jobs = _requests(gen, 16)
-    engine = Engine(gen, max_batch=6)  # more requests than rows: some wait, then join
-    engine.start()
-    try:
+    with _running(gen, max_batch=6) as engine:  # more requests than rows: some wait, then join
         results = _run(engine, jobs)
-    finally:
-        engine.shutdown()
     for (prompt, settings), (_handle, pieces) in zip(jobs, results, strict=True):
         alone = gen.generate([prompt], **settings)
         assert [p.token for p in pieces] == alone.tokens[0], settings
@@ -99,12 +108,8 @@ def test_a_failing_component_fails_only_its_request(fused_chat) -> None:
     jobs = _requests(gen, 5)
     jobs[2] = (jobs[2][0], {**jobs[2][1], "logits_processors": [{"name": "explodes"}]})
     jobs[2][1].update(max_new_tokens=20, stop_strings=None)
-    engine = Engine(gen, max_batch=8)
-    engine.start()
-    try:
+    with _running(gen, max_batch=8) as engine:
         results = _run(engine, jobs)
-    finally:
-        engine.shutdown()
     failed_handle, failed = results[2]
     assert failed[-1].finish_reason == "error"
     assert "boom" in str(failed_handle.error)
@@ -120,8 +125,6 @@ def test_a_cancelled_request_leaves_and_the_others_go_on(fused_chat) -> None:
     prompt = gen.tokenizer.encode("cancel me")
     other = gen.tokenizer.encode("keep going")
     settings = {"max_new_tokens": 60, "eos_token_id": None}
-    engine = Engine(gen, max_batch=4)
-    engine.start()
 
     async def main():
         doomed = engine.submit(prompt, settings)
@@ -133,10 +136,8 @@ def test_a_cancelled_request_leaves_and_the_others_go_on(fused_chat) -> None:
                 doomed.cancel()
         return got, await kept
 
-    try:
+    with _running(gen, max_batch=4) as engine:
         got, (_handle, pieces) = asyncio.run(main())
-    finally:
-        engine.shutdown()
     assert got < 60
     assert [p.token for p in pieces] == gen.generate([other], **settings).tokens[0]
     assert engine.stats.cancelled == 1
@@ -163,8 +164,6 @@ def test_bad_requests_fail_at_submit(fused_chat) -> None:
 def test_a_new_request_joins_without_waiting_for_the_batch(fused_chat) -> None:
     gen = fused_chat
     settings = {"eos_token_id": None}
-    engine = Engine(gen, max_batch=4)
-    engine.start()
     order: list[str] = []
 
     async def drain(name: str, handle) -> None:
@@ -182,10 +181,8 @@ def test_a_new_request_joins_without_waiting_for_the_batch(fused_chat) -> None:
         short = engine.submit(gen.tokenizer.encode("short"), {**settings, "max_new_tokens": 3})
         await asyncio.gather(drain("long", long), drain("short", short))
 
-    try:
+    with _running(gen, max_batch=4) as engine:
         asyncio.run(main())
-    finally:
-        engine.shutdown()
     assert order == ["short", "long"]  # it joined the running batch and left it first
 
 
@@ -199,12 +196,8 @@ def test_rows_with_the_same_prompt_share_one_prefill(fused_chat) -> None:
         for seed in (1, 2, 3, 4)
     ]
     jobs.append((prompt, {"max_new_tokens": 12, "eos_token_id": None}))  # greedy, same prompt
-    engine = Engine(gen, max_batch=8)
-    engine.start()
-    try:
+    with _running(gen, max_batch=8) as engine:
         results = _run(engine, jobs)
-    finally:
-        engine.shutdown()
     for (row_prompt, settings), (_handle, pieces) in zip(jobs, results, strict=True):
         alone = gen.generate([row_prompt], **settings)
         assert [p.token for p in pieces] == alone.tokens[0], settings
