@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from .candidates import Candidates
 from .config import GenerationConfig
 from .errors import (
     ComponentError,
@@ -69,6 +70,7 @@ def stream(prompt: Any, **settings: Any) -> Iterator[str]:
 
 
 __all__ = [
+    "Candidates",
     "ComponentError",
     "ConfigError",
     "ExportError",

@@ -233,11 +233,11 @@ class ProcessorChain:
 
         input_ids = np.asarray(input_ids, dtype=np.int64)
         scores = np.asarray(scores, dtype=np.float32)
+        from . import scoring
+
         if self.processors is None:
             self.processors = self._build(input_ids, scores)
-        for _, processor in self.processors:
-            scores = processor(input_ids, scores)
-        return scores
+        return scoring.dense(scoring.process(self.processors, input_ids, scores))
 
     def _build(self, input_ids: Any, scores: Any) -> list[tuple[str, LogitsProcessor]]:
         batch, prompt_length = input_ids.shape

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .candidates import Candidates
 from .errors import ComponentError
 
 if TYPE_CHECKING:
@@ -25,6 +26,16 @@ def check_scores(name: str, scores: object, shape: tuple[int, ...], step: int) -
         raise ComponentError(
             f"logits processor {name!r} returned {scores.dtype} scores at step {step}; "
             "expected floats"
+        )
+
+
+def check_candidates(name: str, out: object, shape: tuple[int, ...], step: int) -> None:
+    """What a ``sparse`` method returns: Candidates standing for scores of ``shape``."""
+    if not isinstance(out, Candidates) or out.shape != shape:
+        got = getattr(out, "shape", type(out).__name__)
+        raise ComponentError(
+            f"logits processor {name!r}: its sparse method returned {got} at step {step}; "
+            f"expected Candidates of shape {shape} or None"
         )
 
 

@@ -12,11 +12,14 @@ and no I/O live here; components arrive as plain callables in a ``Chain``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
+from . import scoring
+from .candidates import Candidates
 from .chain import Chain
-from .component_checks import check_ids, check_not_nan, check_scores, check_stop
+from .component_checks import check_ids, check_not_nan, check_stop
 from .errors import ComponentError, InputError
 from .feeding import PREFILL_CHUNK, Feeding
 from .model import ExportedModel
@@ -151,7 +154,7 @@ class Generation(Feeding):
         next_ids = np.where(active, next_ids, self.pad_token_id)
         if self.record.active:
             self.record.reserve(self.ids.shape[1])
-            self.record.record(self.length, next_ids, logits, scores)
+            self.record.record(self.length, next_ids, logits, scoring.dense(scores))
         self._append_column(next_ids)
         stopped = self._push_text(next_ids, active)
         self._stop(scores)
@@ -209,7 +212,9 @@ class Generation(Feeding):
         self._reused = self._reused[parents]
         self._cache_call("reorder", parents)
 
-    def _pick(self, input_ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _pick(
+        self, input_ids: np.ndarray, logits: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray | Candidates]:
         """Each settings group's processors and sampler on its rows; (next ids, scores)."""
         if len(self._groups) == 1:
             return self._pick_group(self._groups[0][1], input_ids, logits)
@@ -217,34 +222,39 @@ class Generation(Feeding):
         scores = np.empty_like(logits)
         for rows, chain in self._groups:
             ids, group_logits = self._group_view(rows, chain, input_ids, logits)
-            next_ids[rows], scores[rows] = self._pick_group(chain, ids, group_logits)
+            next_ids[rows], group_scores = self._pick_group(chain, ids, group_logits)
+            scores[rows] = scoring.dense(group_scores)
         return next_ids, scores
 
     def _group_view(
-        self, rows: np.ndarray | None, chain: Chain, input_ids: np.ndarray, scores: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
+        self, rows: np.ndarray | None, chain: Chain, input_ids: np.ndarray, scores: Any
+    ) -> tuple[np.ndarray, Any]:
         """What a settings group's components see: its rows, and for a chain serving one
         row alone (a request in a continuous batch) that row without its padding, as
         the request would look on its own."""
         if rows is None:
             return input_ids, scores
+        # scores None: for stopping criteria that read none (see _stop)
         if id(chain) in self._solo:
             row = int(rows[0])
-            return input_ids[row : row + 1, self._pads[row] :], scores[row : row + 1]
-        return input_ids[rows], scores[rows]
+            solo = None if scores is None else scores[row : row + 1]
+            return input_ids[row : row + 1, self._pads[row] :], solo
+        return input_ids[rows], None if scores is None else scores[rows]
 
     def _pick_group(
-        self, chain: Chain, input_ids: np.ndarray, scores: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        shape = scores.shape
-        for name, processor in chain.processors:
-            scores = self._call("logits processor", name, processor, input_ids, scores)
-            check_scores(name, scores, shape, self.steps)
-        if chain.processors:  # raw model logits go straight to the sampler, which checks
+        self, chain: Chain, input_ids: np.ndarray, logits: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray | Candidates]:
+        """(next ids, processed scores: dense, or Candidates when the chain left few)."""
+        scores = scoring.process(
+            chain.processors, input_ids, logits, step=self.steps, call=self._call
+        )
+        # raw model logits go straight to the sampler, which checks; Candidates cannot
+        # be NaN everywhere (the scores outside them are -inf)
+        if chain.processors and not isinstance(scores, Candidates):
             check_not_nan(scores, chain, self.steps)
-        sampler_name, sampler = chain.sampler
-        next_ids = self._call("sampler", sampler_name, sampler, input_ids, scores)
-        return check_ids(sampler_name, next_ids, shape[0], shape[1], self.steps), scores
+        next_ids = scoring.pick(chain.sampler, input_ids, scores, call=self._call)
+        batch, vocab = logits.shape
+        return check_ids(chain.sampler[0], next_ids, batch, vocab, self.steps), scores
 
     def finish(self, row: int, reason: str) -> None:
         """Mark ``row`` finished from outside the chain (e.g. a stop string in its text)."""
@@ -314,8 +324,18 @@ class Generation(Feeding):
         self.length += 1
         self._next_position += 1
 
-    def _stop(self, scores: np.ndarray) -> None:
+    def _stop(self, scores: np.ndarray | Candidates) -> None:
+        """Each settings group's stopping criteria. Scores that were left as Candidates
+        are made dense only when a criterion reads them (``uses_scores``, default
+        True); the others get None."""
         input_ids = self.ids[:, : self.length]
+        if isinstance(scores, Candidates):
+            read = any(
+                getattr(criterion, "uses_scores", True)
+                for _, chain in self._groups
+                for _, criterion in chain.stopping
+            )
+            scores = scores.dense() if read else None
         for rows, chain in self._groups:
             ids, group_scores = self._group_view(rows, chain, input_ids, scores)
             self._stop_group(rows, chain, ids, group_scores)

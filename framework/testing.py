@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from .component_checks import check_ids, check_scores, check_stop
+from .candidates import Candidates
+from .component_checks import check_candidates, check_ids, check_scores, check_stop
 from .config import GenerationConfig
 from .errors import ComponentError
 from .protocols import GenerationContext, LogitsProcessor, Sampler, StoppingCriterion
@@ -83,6 +84,52 @@ def check_stopping_criterion(
     """Call ``criterion`` once and check it returns one bool per row."""
     input_ids, scores, out = _call(criterion, input_ids, scores)
     return check_stop(_name(criterion), out, scores.shape[0], step=0)
+
+
+def check_sparse(
+    component: LogitsProcessor | Sampler,
+    input_ids: np.ndarray | None = None,
+    scores: np.ndarray | None = None,
+    *,
+    keep: int = 4,
+) -> Any:
+    """Check that ``component.sparse`` equals its dense call on the same candidates.
+
+    The candidates are the ``keep`` highest scores of each row (the rest ``-inf``, as
+    after top-k). A processor's ``sparse`` must return Candidates whose ``dense()`` equals
+    its ``__call__`` on those scores, bit for bit (or None: be called dense); a sampler's
+    must pick the same ids, from the same random state (the dense call runs on a deep
+    copy made first). Returns what ``sparse`` returned.
+    """
+    import copy
+
+    if input_ids is None or scores is None:
+        input_ids, scores = sample_inputs()
+    scores = np.asarray(scores, dtype=np.float32)
+    keep = min(keep, scores.shape[1])
+    kth = np.sort(scores, axis=1)[:, -keep, None]
+    few = Candidates.find(np.where(scores >= kth, scores, np.float32(-np.inf)))
+    if few is None:  # too few scores per row to be worth packing: pack them anyway
+        few = Candidates.at(scores, np.flatnonzero(scores >= kth))
+    sparse = getattr(component, "sparse", None)
+    if sparse is None:
+        raise ComponentError(f"{_name(component)} has no sparse method")
+    twin = copy.deepcopy(component)
+    dense_scores = few.dense()
+    out = sparse(input_ids, few)
+    expected = twin(input_ids, dense_scores)
+    if isinstance(expected, np.ndarray) and expected.dtype.kind == "f":  # a processor
+        if out is None:
+            return None
+        check_candidates(_name(component), out, dense_scores.shape, step=0)
+        same = np.array_equal(out.dense(), expected, equal_nan=True)
+    else:
+        same = np.array_equal(np.asarray(out), np.asarray(expected))
+    if not same:
+        raise ComponentError(
+            f"{_name(component)}.sparse differs from its dense call on the same candidates"
+        )
+    return out
 
 
 def _call(

@@ -28,9 +28,9 @@ from contextlib import AbstractContextManager, nullcontext
 
 import numpy as np
 
-from ortgen import ConfigError, hookimpl
+from ortgen import Candidates, ConfigError, hookimpl
 from ortgen.plugins._args import as_float, is_int
-from ortgen.plugins._numeric import count_prefix, pack_flat, pack_present
+from ortgen.plugins._numeric import count_prefix
 
 _NEG_INF = np.float32(-np.inf)
 _NEG_INF_BITS = _NEG_INF.view(np.int32)
@@ -38,6 +38,8 @@ _NEG_INF_BITS = _NEG_INF.view(np.int32)
 _CANDIDATE_TIERS = (1024, 8192)
 # Columns whose maxima bound top-k's k-th value from below (see _top_k_few).
 _TOP_K_COLUMNS = 1024
+# A row this short is cut with Python floats (see TopPProcessor._cut_few).
+_FEW = 128
 
 
 @hookimpl
@@ -138,14 +140,24 @@ def _on_present(
     ``pack_present``); np.partition is also slow on many equal values, which
     packing avoids. The packed result is scattered straight into the output.
     """
-    present = pack_present(scores)
+    present = Candidates.find(scores)
     if present is None:
         remove, few_kept = cut(scores)
         return _fill(scores, remove, few_kept=few_kept)
-    return present.unpack_kept(cut(present.packed)[0])
+    return present.dense_kept(cut(present.packed)[0])
 
 
-def _top_k_few(scores: np.ndarray, k: int) -> np.ndarray | None:
+def _cut_candidates(
+    scores: np.ndarray | Candidates, remove: Callable[[np.ndarray], np.ndarray]
+) -> Candidates | None:
+    """A ``sparse`` method for a cut decided per row on the scores that are not ``-inf``:
+    ``remove(packed)`` on Candidates; None (be called dense) on dense scores."""
+    if not isinstance(scores, Candidates):
+        return None
+    return scores.keep(remove(scores.packed))
+
+
+def _top_k_few(scores: np.ndarray, k: int) -> tuple[Candidates, np.ndarray] | None:
     """Top-k for ``8 * k < vocab`` without partitioning whole rows; None if the rows do not suit.
 
     Same result as partitioning the whole row for its k-th value (~50 us at
@@ -153,8 +165,7 @@ def _top_k_few(scores: np.ndarray, k: int) -> np.ndarray | None:
     a (w, m) matrix, ``m >= 4k`` columns (``_TOP_K_COLUMNS``, 1024): the column
     maxima are scores at distinct positions, so the k-th highest of them,
     ``floor``, has at least k scores >= it and is at most the row's k-th value.
-    Only scores not below ``floor`` can be kept (NaN included: np.partition
-    ranks it highest); on logits with k = 50 they are ~50 (a maximum of 48
+    Only scores not below ``floor`` can be kept; on logits with k = 50 they are ~50 (a maximum of 48
     scores is far out in the tail), so the k-th value is partitioned out of
     them. Column maxima are a strided reduction over whole rows of the view,
     ~4x cheaper than maxima of contiguous blocks, which numpy reduces one short
@@ -162,26 +173,30 @@ def _top_k_few(scores: np.ndarray, k: int) -> np.ndarray | None:
     ``floor`` reads less memory but takes more numpy calls, which cost more
     here than a pass over the row.)
 
-    None when the candidates are over 1/8 of the scores (many equal scores, a
-    sorted row: the full partition is then cheaper) or a k-th value is NaN (HF
-    then keeps the whole row, the scores outside the candidates too).
+    Returns the candidates and which of them to remove, or None when the
+    candidates are over 1/8 of the scores (many equal scores, a
+    sorted row: the full partition is then cheaper) or there is a NaN (np.partition
+    ranks it highest, as torch.topk does; a NaN k-th value keeps the whole row).
     """
     batch, vocab = scores.shape
     columns = min(max(_TOP_K_COLUMNS, 4 * k), vocab // 2)  # >= 4k, as 8k < vocab
     rows = vocab // columns  # the tail past rows * columns is in no column, which is fine
     maxima = scores[:, : rows * columns].reshape(batch, rows, columns).max(axis=1)
+    # a NaN (ranked highest, as by torch.topk) must be a candidate, which >= below
+    # would miss: a batch with one takes the full partition (max propagates NaN)
+    tail = scores[:, rows * columns :]
+    if math.isnan(maxima.max()) or (tail.size and math.isnan(tail.max())):
+        return None
     floor = np.partition(maxima, columns - k, axis=-1)[:, columns - k, None]
-    candidate = np.less(scores, floor)
-    np.logical_not(candidate, out=candidate)  # in place: NaN is a candidate
-    flat = candidate.reshape(-1).nonzero()[0]
+    flat = np.flatnonzero(scores >= floor)
     if flat.size * 8 > scores.size:
         return None
-    present = pack_flat(scores, flat)  # each row has >= k; the -inf padding ranks lowest
+    present = Candidates.at(scores, flat)  # each row has >= k; the -inf padding ranks lowest
     packed = present.packed
     kth = np.partition(packed, packed.shape[1] - k, axis=-1)[:, packed.shape[1] - k, None]
     if any(map(math.isnan, kth.ravel().tolist())):
         return None
-    return present.unpack_kept(packed < kth)  # the scores outside are < floor <= kth
+    return present, packed < kth  # the scores outside are < floor <= kth
 
 
 # --- processors -----------------------------------------------------------------
@@ -203,6 +218,14 @@ class TemperatureProcessor:
         if self.temperature == 1.0:
             return scores.copy()
         return scores / self.temperature  # float32, divided by float32(temperature) as torch does
+
+    def sparse(self, input_ids: np.ndarray, scores: np.ndarray | Candidates) -> Candidates | None:
+        """The same division on candidates (``-inf`` stays ``-inf``)."""
+        if not isinstance(scores, Candidates):
+            return None
+        if self.temperature == 1.0:
+            return scores
+        return scores.with_scores(scores.packed / self.temperature)
 
 
 class TopKProcessor:
@@ -228,11 +251,32 @@ class TopKProcessor:
         if k == 0 or k == vocab:
             return scores.copy()
         if 8 * k < vocab:
-            out = _top_k_few(scores, k)
-            if out is not None:
-                return out
+            few = _top_k_few(scores, k)
+            if few is not None:
+                present, remove = few
+                return present.dense_kept(remove)
         kth = np.partition(scores, vocab - k, axis=-1)[:, vocab - k, None]
         return _fill(scores, scores < kth, few_kept=8 * k < vocab)
+
+    def sparse(self, input_ids: np.ndarray, scores: np.ndarray | Candidates) -> Candidates | None:
+        """Top-k as Candidates: from dense scores when k is small against the vocabulary
+        (None otherwise, or when a k-th value is NaN), and on candidates always."""
+        if isinstance(scores, Candidates):
+            packed = scores.packed
+            width = packed.shape[1]
+            k = min(self._k, scores.vocab)
+            # the scores outside are -inf: the k-th of the row is the k-th candidate, or
+            # -inf (nothing removed) when there are fewer
+            if k == 0 or k >= width:
+                return scores
+            kth = np.partition(packed, width - k, axis=-1)[:, width - k, None]
+            return scores.keep(packed < kth)
+        scores = _f32(scores)
+        k = min(self._k, scores.shape[-1])
+        if k == 0 or 8 * k >= scores.shape[-1]:
+            return None
+        few = _top_k_few(scores, k)
+        return None if few is None else few[0].keep(few[1])
 
 
 class TopPProcessor:
@@ -252,6 +296,7 @@ class TopPProcessor:
             raise ConfigError(f"`top_p` has to be {expected}, but is {top_p!r}")
         self.top_p = value
         self.min_tokens_to_keep = _check_min_tokens_to_keep(min_tokens_to_keep)
+        self._removes = _at_most_in_float32(1.0 - value)
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
         scores = _f32(scores)
@@ -259,8 +304,18 @@ class TopPProcessor:
             return scores.copy()
         return _on_present(scores, self._cut)
 
+    def sparse(self, input_ids: np.ndarray, scores: np.ndarray | Candidates) -> Candidates | None:
+        """The same cut on candidates."""
+        if self.top_p == 1.0 and isinstance(scores, Candidates):
+            return scores
+        return _cut_candidates(scores, lambda packed: self._cut(packed)[0])
+
     def _cut(self, scores: np.ndarray) -> tuple[np.ndarray, bool]:
         batch, vocab = scores.shape
+        if batch == 1 and vocab <= _FEW:
+            few = self._cut_few(scores[0])
+            if few is not None:
+                return few
         keep = min(self.min_tokens_to_keep, vocab)
         limit = np.float32(1.0 - self.top_p)  # torch compares in float32 too
         top, all_valid = _row_max_checked(scores)
@@ -311,6 +366,48 @@ class TopPProcessor:
             remove[row, tied[: tied.size - n_kept]] = True
         return remove, few_kept
 
+    def _cut_few(self, row: np.ndarray) -> tuple[np.ndarray, bool] | None:
+        """``_cut`` for one row of at most ``_FEW`` scores (top-p after top-k), summed in
+        Python floats: on so few scores each numpy call costs more than its arithmetic.
+
+        The same weights (float32 ``exp``) and float64 prefix sums as the general
+        path, compared as float32; the total is summed exactly (``math.fsum``)
+        rather than pairwise, which can only matter when a cumulative probability
+        rounds to the limit itself. None for what the general path handles: a row
+        without a softmax (NaN, +inf, all -inf) and equal scores straddling the cut.
+        """
+        top = float(row.max())  # NaN propagates
+        if not math.isfinite(top):
+            return None
+        ordered = np.sort(row)
+        weights = np.exp(ordered - np.float32(top)).tolist()
+        total = math.fsum(weights)
+        size = len(weights)
+        removed, running = 0, 0.0
+        for weight in weights[: size - min(self.min_tokens_to_keep, size)]:
+            running += weight
+            if not self._removes(running / total):
+                break
+            removed += 1
+        cut = ordered[removed]  # the lowest kept score
+        if removed and ordered[removed - 1] == cut:
+            return None
+        return (row < cut)[None, :], 8 * (size - removed) < size
+
+
+def _at_most_in_float32(limit: float) -> Callable[[float], bool]:
+    """``x -> float32(x) <= float32(limit)`` for a float64 ``x``, without rounding each x.
+
+    ``x`` rounds to at most ``L = float32(limit)`` below the midpoint between ``L``
+    and the next float32 up, and at the midpoint itself when ``L``'s last mantissa
+    bit is 0 (round half to even).
+    """
+    bound = np.float32(limit)
+    middle = (float(bound) + float(np.nextafter(bound, np.float32(np.inf)))) / 2
+    if int(bound.view(np.int32)) & 1:
+        return lambda x: x < middle
+    return lambda x: x <= middle
+
 
 class MinPProcessor:
     """Remove tokens whose probability is below ``min_p`` times the top probability.
@@ -332,6 +429,15 @@ class MinPProcessor:
         scores = _f32(scores)
         if self.min_p == 0.0:
             return scores.copy()
+        return _fill(scores, self._remove(scores))
+
+    def sparse(self, input_ids: np.ndarray, scores: np.ndarray | Candidates) -> Candidates | None:
+        """The same cut on candidates."""
+        if self.min_p == 0.0 and isinstance(scores, Candidates):
+            return scores
+        return _cut_candidates(scores, self._remove)
+
+    def _remove(self, scores: np.ndarray) -> np.ndarray:
         top = scores.max(axis=-1, keepdims=True)
         # NaN, +inf or all -inf in a row: HF's softmax is NaN there and removes nothing.
         threshold = np.where(np.isfinite(top), top + np.float32(self._log_min_p), _NEG_INF)
@@ -342,7 +448,7 @@ class MinPProcessor:
             if short.size:
                 best = np.argpartition(-scores[short], keep - 1, axis=-1)[:, :keep]
                 remove[short[:, None], best] = False
-        return _fill(scores, remove)
+        return remove
 
 
 class TypicalPProcessor:
@@ -367,6 +473,12 @@ class TypicalPProcessor:
         if self.typical_p == 1.0:
             return scores.copy()
         return _on_present(scores, self._cut)
+
+    def sparse(self, input_ids: np.ndarray, scores: np.ndarray | Candidates) -> Candidates | None:
+        """The same cut on candidates."""
+        if self.typical_p == 1.0 and isinstance(scores, Candidates):
+            return scores
+        return _cut_candidates(scores, lambda packed: self._cut(packed)[0])
 
     def _cut(self, scores: np.ndarray) -> tuple[np.ndarray, bool]:
         batch, vocab = scores.shape

@@ -8,12 +8,17 @@ the row, instead of silently returning token 0.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 
 import numpy as np
 
-from ortgen import ComponentError, GenerationContext, hookimpl
-from ortgen.plugins._numeric import PrefixSums, pack_present
+from ortgen import Candidates, ComponentError, GenerationContext, hookimpl
+from ortgen.plugins._numeric import PrefixSums
+
+# A row this short is drawn from with Python floats (see MultinomialSampler._draw_few).
+_FEW = 128
 
 
 @hookimpl
@@ -53,6 +58,11 @@ class GreedySampler:
             _unusable_rows("greedy", best, allow_inf=True)
         return picked.astype(np.int64, copy=False)
 
+    def sparse(self, input_ids: np.ndarray, scores: Candidates) -> np.ndarray:
+        """The same pick among candidates: they are in token order, so a tie still goes
+        to the lowest id."""
+        return scores.token_ids(self(input_ids, scores.packed))
+
 
 class MultinomialSampler:
     """Draw one token per row from ``softmax(scores)``.
@@ -67,8 +77,9 @@ class MultinomialSampler:
     ``exp(-103)`` of the top one round to 0), and every sum is float64. The CDF is
     searched block-wise by :class:`PrefixSums` (the search top-p and typical-p
     use too), compared in float64. When at most 1/16 of the scores are finite
-    (after top-k, say), only those are looked at (:func:`pack_present`); the CDF,
-    and so the pick, is the same.
+    (after top-k, say), only those are looked at (:class:`ortgen.Candidates`); the
+    CDF, and so the pick, is the same: the weights left out are 0, and adding 0.0
+    changes no prefix sum.
     """
 
     def __init__(self, *, ctx: GenerationContext) -> None:
@@ -79,13 +90,44 @@ class MultinomialSampler:
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
         scores = np.asarray(scores, dtype=np.float32)
-        present = pack_present(scores)
+        present = Candidates.find(scores)
         if present is None:
             return self._draw(scores)
         # Few possible tokens (after top-k, say): draw among those alone.
         return present.token_ids(self._draw(present.packed))
 
+    def sparse(self, input_ids: np.ndarray, scores: Candidates) -> np.ndarray:
+        """The same draw among candidates (see the class docstring)."""
+        return scores.token_ids(self._draw(scores.packed))
+
     def _draw(self, scores: np.ndarray) -> np.ndarray:
+        if scores.shape[0] == 1 and scores.shape[1] <= _FEW:
+            picked = self._draw_few(scores[0])
+            if picked is not None:
+                return picked
+        return self._draw_rows(scores)
+
+    def _draw_few(self, row: np.ndarray) -> np.ndarray | None:
+        """``_draw_rows`` for one row of at most ``_FEW`` scores (a draw after top-k), in
+        Python floats: on so few scores each numpy call costs more than its arithmetic.
+
+        The same draw, bit for bit: the same float32 weights, the same sequential
+        float64 prefix sums (``np.add.accumulate`` adds in order too), the same uniform
+        number from the same stream. None for a row that cannot be drawn from, which
+        the general path reports.
+        """
+        top = row.max()  # NaN propagates
+        if not math.isfinite(top):
+            return None
+        weights = np.exp(row - top).tolist()
+        sums = list(itertools.accumulate(weights))
+        rng = self._row_rngs[0] if self._row_rngs is not None else self._rng
+        pick = bisect.bisect_right(sums, rng.random() * sums[-1])  # sums <= target
+        if pick >= len(weights) or weights[pick] == 0:  # rounding at the very top
+            pick = max(i for i in range(min(pick, len(weights) - 1) + 1) if weights[i] > 0)
+        return np.array([pick], dtype=np.int64)
+
+    def _draw_rows(self, scores: np.ndarray) -> np.ndarray:
         batch, vocab = scores.shape
         # Checked here, on the packed rows when there are: packing drops only -inf
         # scores, so a row's max (NaN propagates) is the same, and the full row is

@@ -34,6 +34,7 @@ class EosCriterion:
     """
 
     finish_reason = "eos"
+    uses_scores = False  # the loop need not build dense scores for it
 
     def __init__(
         self, eos_token_id: int | list[int] | None = None, *, ctx: GenerationContext | None = None
@@ -64,6 +65,7 @@ class MaxLengthCriterion:
     """All rows finished once prompt + new tokens reach ``max_length`` (MaxLengthCriteria)."""
 
     finish_reason = "length"
+    uses_scores = False  # the loop need not build dense scores for it
 
     def __init__(self, max_length: int) -> None:
         if not is_int(max_length) or max_length < 1:
@@ -89,6 +91,7 @@ class MaxTimeCriterion:
     """
 
     finish_reason = "time"
+    uses_scores = False  # the loop need not build dense scores for it
     clock: Callable[[], float] = staticmethod(time.monotonic)
 
     def __init__(self, max_time: float) -> None:

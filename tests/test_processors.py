@@ -199,20 +199,6 @@ def test_prefix_sums_in_float64_match_a_plain_cumsum(n):
     assert np.all(np.abs(got - (cum <= limit).sum(axis=-1)) <= 1)
 
 
-def test_pack_present_round_trips_and_maps_columns_to_ids():
-    scores = np.full((3, 100), -np.inf, np.float32)
-    scores[0, [3, 50]] = [1.0, 2.0]
-    scores[1, 7] = 0.5
-    scores[2, [0, 99]] = [np.nan, 3.0]  # NaN is present: it must reach the caller
-    present = N.pack_present(scores)
-    assert present is not None and present.packed.shape == (3, 2)
-    assert_same(present.unpack(present.packed), scores)
-    np.testing.assert_array_equal(present.token_ids(np.array([1, 0, 1])), [50, 7, 99])
-    empty = N.pack_present(np.full((2, 64), -np.inf, np.float32))  # no row has a score
-    assert empty is not None and empty.packed.shape == (2, 1)
-    assert N.pack_present(np.zeros((2, 32), np.float32)) is None  # dense: nothing to gain
-
-
 def test_top_k_keeps_every_score_tied_with_the_kth():
     scores = np.array([[1, 3, 3, 3, 0, 2]], dtype=np.float32)
     ours = P.TopKProcessor(2)(IDS, scores)
@@ -287,21 +273,6 @@ def test_top_k_rows_the_few_candidates_path_declines_match_hf(make):
     ours = P.TopKProcessor(10)(IDS, scores)
     assert_same(ours, top_k_reference(scores, 10))
     assert_same(ours, hf_apply(hf.TopKLogitsWarper(10), scores))
-
-
-def test_pack_present_decides_on_the_exact_count_whatever_the_sample_says():
-    # the sample (every 61st score) sees only -inf, but 1/8 of the scores are present
-    scores = np.full((1, 4096), -np.inf, np.float32)
-    ids = np.arange(4096)
-    dense = ids[ids % 61 != 0][:512]
-    scores[0, dense] = 1.0
-    assert N.pack_present(scores) is None
-    # sparse, but every present score is a sampled one
-    scores = np.full((2, 4096), -np.inf, np.float32)
-    scores[1, ::61] = np.arange(68, dtype=np.float32)
-    present = N.pack_present(scores)
-    assert present is not None and present.packed.shape == (2, 68)
-    assert_same(present.unpack(present.packed), scores)
 
 
 def test_top_p_after_top_k_keeps_as_many_as_hf_with_ties_at_the_cut():

@@ -123,8 +123,8 @@ class FixedUniform:
     def __init__(self, u):
         self.u = u
 
-    def random(self, n):
-        return np.full(n, self.u)
+    def random(self, n=None):
+        return self.u if n is None else np.full(n, self.u)
 
 
 @pytest.mark.parametrize(("u", "token"), [(0.0, 1), (0.25, 2), (0.5, 3), (0.75, 4), (0.99, 4)])

@@ -23,6 +23,7 @@ import onnxruntime as ort
 
 from ortgen.plugins.caches import StaticCache
 
+from .. import scoring
 from ..chain import Chain
 from ..errors import InputError
 from ..generate import Generation
@@ -214,7 +215,8 @@ class ContinuousBatch(Generation):
         pad, end = int(self._pads[row]), int(self._prompt_end[row])
         rows = np.asarray([row])
         try:
-            picked, scores = self._pick_group(chain, self.ids[row : row + 1, pad:end], logits)
+            picked, held = self._pick_group(chain, self.ids[row : row + 1, pad:end], logits)
+            scores = scoring.dense(held)
         except Exception as exc:  # its own component: only this row fails
             self.errors[row] = exc
             self.finish(row, "error")
@@ -294,7 +296,7 @@ class ContinuousBatch(Generation):
             except Exception as exc:  # this request's component: only its row fails
                 self.errors[row] = exc
                 continue
-            next_ids[row], scores[row] = picked[0], row_scores[0]
+            next_ids[row], scores[row] = picked[0], scoring.dense(row_scores)[0]
         return next_ids, scores
 
     def _stop_group(self, rows, chain, ids, scores) -> None:  # type: ignore[override]

@@ -1,0 +1,78 @@
+"""One step's scores through a chain: the logits processors, then the sampler.
+
+Scores travel dense, (B, V) float32, between components, until one of them leaves
+few candidates (top-k over a large vocabulary): its ``sparse`` method returns
+:class:`~ortgen.Candidates`, and from there every component with a ``sparse``
+method works on those few scores (top-p after top-k(50) is a top-p over 50 scores;
+the sampler draws among them). They are made dense only for a component without
+one, and after the step only for whoever reads them (recorded scores or logprobs, a
+stopping criterion that reads scores). Each ``sparse`` method gives exactly what its
+``__call__`` gives on the dense scores, so the path changes the cost, not the output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .candidates import Candidates
+from .component_checks import check_candidates, check_scores
+
+#: ``call(kind, name, function, input_ids, scores)``: runs one component's function
+#: (the loop's own wraps an unexpected exception in a ComponentError naming it)
+Call = Callable[[str, str, Any, np.ndarray, Any], Any]
+
+
+def _plain_call(kind: str, name: str, function: Any, input_ids: np.ndarray, scores: Any) -> Any:
+    return function(input_ids, scores)
+
+
+def process(
+    processors: Sequence[tuple[str, Any]],
+    input_ids: np.ndarray,
+    scores: np.ndarray,
+    *,
+    step: int = 0,
+    call: Call = _plain_call,
+) -> np.ndarray | Candidates:
+    """The processed scores: dense, or Candidates when the chain left few."""
+    shape = scores.shape
+    held: np.ndarray | Candidates = scores
+    for name, processor in processors:
+        sparse = getattr(processor, "sparse", None)
+        if sparse is not None:
+            out = call("logits processor", name, sparse, input_ids, held)
+            if out is not None:
+                check_candidates(name, out, shape, step)
+                held = out
+                continue
+        if isinstance(held, Candidates):
+            held = held.dense()
+        held = call("logits processor", name, processor, input_ids, held)
+        check_scores(name, held, shape, step)
+    return held
+
+
+def pick(
+    sampler: tuple[str, Any],
+    input_ids: np.ndarray,
+    scores: np.ndarray | Candidates,
+    *,
+    call: Call = _plain_call,
+) -> Any:
+    """The sampler's answer on processed scores, through its ``sparse`` method on
+    Candidates when it has one."""
+    name, function = sampler
+    if isinstance(scores, Candidates):
+        sparse = getattr(function, "sparse", None)
+        if sparse is not None:
+            return call("sampler", name, sparse, input_ids, scores)
+        scores = scores.dense()
+    return call("sampler", name, function, input_ids, scores)
+
+
+def dense(scores: np.ndarray | Candidates) -> np.ndarray:
+    """Processed scores as a (B, V) array, whichever way they were held."""
+    return scores.dense() if isinstance(scores, Candidates) else scores
