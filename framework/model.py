@@ -203,6 +203,7 @@ class ExportedModel:
         self._binding = self.session.io_binding()
         self._bound: tuple[Any, Any] = (None, None)  # the past feeds and presents bound last
         self._decode_logits: dict[int, ort.OrtValue] = {}  # batch -> (B, 1, V) buffer
+        self._bound_logits: ort.OrtValue | None = None  # the logits buffer bound last
 
     def forward(
         self,
@@ -230,10 +231,11 @@ class ExportedModel:
         if signature.has_position_ids:
             binding.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids))
         logits_buffer = self._decode_buffer(batch) if width == 1 else None
-        if logits_buffer is not None:
-            binding.bind_ortvalue_output("logits", logits_buffer)
-        else:
+        if logits_buffer is None:
             binding.bind_output("logits", "cpu")
+        elif logits_buffer is not self._bound_logits:  # every decode step writes the same one
+            binding.bind_ortvalue_output("logits", logits_buffer)
+        self._bound_logits = logits_buffer
         # a cache that hands out the very same feeds and buffers again (a static cache on
         # a shared-buffer graph, every decode step) needs no rebinding
         if presents is None or past is not self._bound[0] or presents is not self._bound[1]:

@@ -52,10 +52,13 @@ class GreedySampler:
     """
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        picked = np.argmax(scores, axis=-1)  # a NaN wins argmax, so it is caught below
-        best = scores[np.arange(len(picked)), picked]
-        if not (best > -np.inf).all():  # NaN or all -inf; the common case costs one compare
-            _unusable_rows("greedy", best, allow_inf=True)
+        picked = scores.argmax(axis=-1)  # a NaN wins argmax, so it is caught below
+        # Each row's best as a Python float (NaN and -inf fail ``> -inf``): a batch is a
+        # few rows, and right after a forward has swept the caches a fancy-index gather and
+        # a vectorised check cost ~140 us of cold code, this a few.
+        best = [float(scores[row, pick]) for row, pick in enumerate(picked.tolist())]
+        if not all(value > -math.inf for value in best):
+            _unusable_rows("greedy", np.asarray(best, dtype=np.float32), allow_inf=True)
         return picked.astype(np.int64, copy=False)
 
     def sparse(self, input_ids: np.ndarray, scores: Candidates) -> np.ndarray:
