@@ -255,6 +255,19 @@ class TextGenerator:
 
         return ChatSession(self, messages, tools=tools, **settings)
 
+    def chat_batch(
+        self,
+        conversations: Sequence[Sequence[Mapping[str, Any]]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        **settings: Any,
+    ):
+        """Several conversations answered together, each keeping its KV cache between
+        turns (see ``ChatBatch``)."""
+        from .chat import ChatBatch
+
+        return ChatBatch(self, conversations, tools=tools, **settings)
+
     def chat(
         self,
         messages: Sequence[Mapping[str, Any]],

@@ -1,4 +1,5 @@
-"""A conversation that keeps its KV cache between turns.
+"""Conversations that keep their KV caches between turns: one (``ChatSession``), or
+several answered together as a batch (``ChatBatch``).
 
 Each turn renders the whole history with the model's chat template (the template, not
 ortgen, decides the text). When the tokens already held are a prefix of the new prompt,
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+from .errors import InputError
 
 if TYPE_CHECKING:
     from .api import TextGenerator
@@ -52,3 +55,52 @@ class ChatSession:
                 yield piece
         finally:
             self.messages.append({"role": "assistant", "content": reply})
+
+
+class ChatBatch:
+    """Several conversations that go on together, one row each.
+
+    Every turn answers all of them in one batched request, and no conversation's earlier
+    turns are fed again: the ``prefix`` cache (the default here) keeps each row's keys and
+    values when a turn ends, in the loaded model's store, and the next turn's rows start
+    where their own history ends. A turn that fails adds nothing to the conversations, so
+    it can be sent again.
+    """
+
+    def __init__(
+        self,
+        generator: TextGenerator,
+        conversations: Sequence[Sequence[Mapping[str, Any]]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        **settings: Any,
+    ) -> None:
+        if not conversations:
+            raise InputError("a chat batch needs at least one conversation")
+        settings.setdefault("cache", "prefix")
+        generator.resolve_config(settings)  # a bad setting fails now, not at the first answer
+        self.generator = generator
+        self.conversations: list[list[dict[str, Any]]] = [
+            [dict(m) for m in messages] for messages in conversations
+        ]
+        self.tools = tools
+        self.settings = settings
+        self.reused_tokens = 0  # prompt tokens of the last turn that were not fed again
+
+    def send(self, contents: Sequence[str], **settings: Any) -> list[str]:
+        """Add one user message per conversation and return the answers, in order."""
+        if isinstance(contents, str) or len(contents) != len(self.conversations):
+            raise InputError(
+                f"send() needs one message per conversation ({len(self.conversations)})"
+            )
+        turns = [
+            [*messages, {"role": "user", "content": content}]
+            for messages, content in zip(self.conversations, contents, strict=True)
+        ]
+        prompts = [self.generator.chat_prompt(messages, tools=self.tools) for messages in turns]
+        out = self.generator.generate(prompts, **{**self.settings, **settings})
+        self.reused_tokens = sum(map(len, prompts)) - int(out.stats["prefill_tokens"])
+        for messages, text in zip(turns, out.text, strict=True):
+            messages.append({"role": "assistant", "content": text})
+        self.conversations = turns
+        return list(out.text)

@@ -11,6 +11,7 @@ and no I/O live here; components arrive as plain callables in a ``Chain``.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -167,6 +168,43 @@ class Generation(Feeding):
         if self.is_done and hasattr(self.chain.cache, "remember"):
             self._cache_call("remember", self._held_rows())
         return next_ids
+
+    def fork(self, *, seed: int | None = None) -> Generation:
+        """An independent copy of this request as it stands, to continue on its own.
+
+        The copy has the same tokens, texts, records and component state, and its own
+        copy of the KV cache (the backend's ``fork()``): a prompt prefilled once can go
+        on as several branches (append a different question to each, say) without
+        feeding it again. Both share the model, the tokenizer and the request's facts
+        (``GenerationContext``). A sampler's random stream is copied too, so a fork
+        picks what the original would; ``seed`` reseeds the fork's samplers instead
+        (those with a ``reseed(seed)`` method, like ``multinomial``).
+        """
+        if not hasattr(self.chain.cache, "fork"):
+            raise InputError(
+                f"kv cache {self.chain.cache_name!r} cannot be forked: it has no fork() method"
+            )
+        if seed is not None:
+            for _, chain in self._groups:
+                name, sampler = chain.sampler
+                if not hasattr(sampler, "reseed"):
+                    raise InputError(f"sampler {name!r} cannot be reseeded (no reseed method)")
+        cache = self._cache_call("fork")
+        memo: dict[int, Any] = {id(self.model): self.model, id(self.chain.cache): cache}
+        if self.tokenizer is not None:
+            memo[id(self.tokenizer)] = self.tokenizer
+        try:
+            twin = copy.deepcopy(self, memo)
+        except Exception as exc:
+            raise ComponentError(
+                f"cannot fork this generation: a component cannot be copied "
+                f"({type(exc).__name__}: {exc})"
+            ) from exc
+        twin._solo = {id(memo[chain_id]) for chain_id in self._solo}
+        if seed is not None:
+            for _, chain in twin._groups:
+                chain.sampler[1].reseed(seed)
+        return twin
 
     def force(self, tokens: Sequence[int] = ()) -> np.ndarray:
         """Teacher forcing: write ``tokens`` after every row, feed what the cache has not

@@ -45,7 +45,9 @@ class KVCache(Protocol):
     ``inputs()`` gives the past feeds by graph input name; ``update(presents)``
     takes the graph's present outputs (same order as ``GraphSignature.past_inputs``)
     after a forward; ``reorder(rows)`` keeps/duplicates batch rows (beam search);
-    ``crop(length)`` forgets positions past ``length`` (rewind).
+    ``crop(length)`` forgets positions past ``length`` (rewind). Optional methods the
+    loop asks for when present (``outputs``, ``select``, ``feed_mask``, ``reuse``,
+    ``remember``, ``fork``...) are listed in the plugin guide (docs/plugins.md).
     """
 
     def inputs(self) -> dict[str, Any]: ...
@@ -103,3 +105,8 @@ class GenerationContext:
     row_seeds: tuple[int | None, ...] = ()
     model_config: Mapping[str, Any] = field(default_factory=dict)
     model_state: dict[str, Any] = field(default_factory=dict)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> GenerationContext:
+        """The same object: a request's facts are read-only, and a fork of the request
+        (``Generation.fork``) shares them, tokenizer and per-model state included."""
+        return self

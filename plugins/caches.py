@@ -13,6 +13,7 @@ Both follow the graph's KV layout (``GraphSignature.kv_layout``):
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -52,6 +53,12 @@ class DynamicCache:
 
     def reorder(self, rows: np.ndarray) -> None:
         self._values = [as_numpy(v)[rows] for v in self._values]
+
+    def fork(self) -> DynamicCache:
+        """An independent copy holding the same positions (``Generation.fork``)."""
+        twin = copy.copy(self)
+        twin._values = [np.array(as_numpy(v)) for v in self._values]
+        return twin
 
     def crop(self, length: int) -> None:
         if not 0 <= length <= self._length:
@@ -129,6 +136,15 @@ class StaticCache:
         self._allocate(self._capacity)
         for i, array in enumerate(held):
             self._array(i)[...] = array
+
+    def fork(self) -> StaticCache:
+        """An independent copy holding the same positions, in buffers of its own."""
+        held = [self._array(i).copy() for i in range(len(self._names))]
+        twin = copy.copy(self)
+        twin._allocate(self._capacity)
+        for i, array in enumerate(held):
+            twin._array(i)[...] = array
+        return twin
 
     def crop(self, length: int) -> None:
         if not 0 <= length <= self._length:
@@ -209,6 +225,29 @@ class StaticCache:
             ort.OrtValue.ortvalue_from_numpy(self._shaped(pair[half], length))
             for pair in self._flat
         ]
+
+
+def copy_arrays(cache: Any) -> Any:
+    """A shallow copy of ``cache`` whose numpy arrays are its own: every array among its
+    attributes (also inside lists, tuples and dicts) is copied, everything else shared
+    (the signature, settings, a per-model store). For a backend that keeps its keys and
+    values in numpy arrays; OrtValues made from them must be rebuilt on the copy."""
+    twin = copy.copy(cache)
+    for name, value in vars(cache).items():
+        setattr(twin, name, _copied(value))
+    return twin
+
+
+def _copied(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if isinstance(value, list):
+        return [_copied(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_copied(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    return value
 
 
 def _signature(ctx: GenerationContext, name: str):

@@ -157,6 +157,12 @@ class PrefixCache(StaticCache):
         super().reorder(rows)
         self._pads = self._pads[np.asarray(rows)]
 
+    def fork(self) -> PrefixCache:
+        """An independent copy of this request's keys/values; the store stays shared."""
+        twin = super().fork()
+        twin._pads = self._pads.copy()
+        return twin
+
 
 @hookimpl
 def register_kv_caches(register):

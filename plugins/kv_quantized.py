@@ -20,7 +20,7 @@ import onnxruntime as ort
 from ortgen import ConfigError, GenerationContext, hookimpl
 
 from ._args import is_int
-from .caches import as_numpy
+from .caches import as_numpy, copy_arrays
 
 _FP16_MAX = float(np.finfo(np.float16).max)
 
@@ -101,6 +101,12 @@ class QuantizedCache:
             self._past = self._dequantize(rows, held)
         self._step = [ort.OrtValue.ortvalue_from_numpy(b) for b in buffer]
         return self._step
+
+    def fork(self) -> QuantizedCache:
+        """An independent copy holding the same quantized positions (``Generation.fork``)."""
+        twin = copy_arrays(self)
+        twin._step = []  # per-forward buffers: the next forward makes the copy its own
+        return twin
 
     def inputs(self) -> dict[str, Any]:
         if not self._step:  # called without outputs(): the past alone, dequantized

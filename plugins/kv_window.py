@@ -35,7 +35,7 @@ from ortgen import GenerationContext, hookimpl
 
 from ._args import is_int
 from ._rope import KeyShifter, inverse_frequencies
-from .caches import as_numpy
+from .caches import as_numpy, copy_arrays
 
 
 def declared_window(config: Any) -> int | None:
@@ -190,6 +190,10 @@ class RingWindowCache(_WindowBase):
         self._slot_mask[:, ring] = np.roll(self._slot_mask[:, ring], shift, axis=1)
         self._next = 0
 
+    def fork(self) -> RingWindowCache:
+        """An independent copy holding the same window (``Generation.fork``)."""
+        return copy_arrays(self)
+
     def reorder(self, rows: np.ndarray) -> None:
         self.arrays = [np.ascontiguousarray(a[rows]) for a in self.arrays]
         self._slot_mask = self._slot_mask[rows]
@@ -282,6 +286,12 @@ class SharedWindowCache(_WindowBase):
     def select(self, row: int | None) -> None:
         self._selected = row
         self._bind(row)
+
+    def fork(self) -> SharedWindowCache:
+        """An independent copy holding the same window, bound to buffers of its own."""
+        twin = copy_arrays(self)
+        twin._bind(twin._selected)
+        return twin
 
     def _rows(self) -> np.ndarray:
         return (

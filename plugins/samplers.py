@@ -91,6 +91,16 @@ class MultinomialSampler:
         # per-row settings: one stream per row, so a seeded row draws what it draws alone
         self._row_rngs = row_generators(ctx) if ctx.row_seeds else None
 
+    def reseed(self, seed: int) -> None:
+        """Start new random streams from ``seed`` (a forked request, ``Generation.fork``):
+        one for the batch, or per row ``[seed, row]``."""
+        self.seed = seed
+        self._rng = np.random.default_rng(seed)
+        if self._row_rngs is not None:
+            self._row_rngs = [
+                np.random.default_rng([seed, row]) for row in range(len(self._row_rngs))
+            ]
+
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
         scores = np.asarray(scores, dtype=np.float32)
         present = Candidates.find(scores)

@@ -225,3 +225,43 @@ def test_tiny_chat_session_reuses_the_cache_over_four_turns(text_gen):
         fresh = text_gen.chat(session.messages[:-1], **settings)
         assert answer == fresh.text and len(answer) == 3, turn
         assert session.reused_tokens == held and (held > 0) == (turn > 0), turn
+
+
+@pytest.mark.default_model
+def test_chat_batch_answers_as_fresh_chats_and_feeds_only_new_turns(reference_gen):
+    """Two conversations answered together over three turns: each answer equals a fresh
+    chat() on that history (greedy, default weights at fp32), and from the second turn
+    on each row's history comes from the prefix store (only the new turn is fed)."""
+    settings = dict(max_new_tokens=10)
+    batch = reference_gen.chat_batch(
+        [
+            [{"role": "system", "content": "You are brief."}],
+            [{"role": "system", "content": "You answer in one word."}],
+        ],
+        **settings,
+    )
+    turns = [["My name is Ana.", "Name a fruit."], ["What is my name?", "Name a colour."]]
+    turns.append(["Thanks!", "And an animal?"])
+    for turn, questions in enumerate(turns):
+        held = [len(reference_gen.chat_prompt(c)) for c in batch.conversations]
+        answers = batch.send(questions)
+        for row, answer in enumerate(answers):
+            history = batch.conversations[row][:-1]
+            assert history[-1] == {"role": "user", "content": questions[row]}
+            assert batch.conversations[row][-1] == {"role": "assistant", "content": answer}
+            assert answer == reference_gen.chat(history, **settings).text, (turn, row)
+        if turn == 0:
+            assert batch.reused_tokens == 0
+        else:  # most of what each row held was reused (the template may re-render its end)
+            assert batch.reused_tokens >= 0.8 * sum(held), turn
+
+
+def test_chat_batch_refuses_a_wrong_number_of_messages_and_keeps_its_history(text_gen):
+    batch = text_gen.chat_batch([[{"role": "user", "content": "hi"}]] * 2, max_new_tokens=2)
+    with pytest.raises(ortgen.InputError, match="one message per conversation"):
+        batch.send(["only one"])
+    with pytest.raises(ortgen.InputError, match="one message per conversation"):
+        batch.send("a string")
+    assert [len(c) for c in batch.conversations] == [1, 1]
+    with pytest.raises(ortgen.InputError, match="at least one conversation"):
+        text_gen.chat_batch([])
