@@ -85,8 +85,17 @@ def _run(engine: Engine, jobs):
     return asyncio.run(main())
 
 
-def test_concurrent_requests_equal_each_request_alone(fused_chat) -> None:
-    gen = fused_chat
+@pytest.fixture(scope="module")
+def optimum_chat(tiny_root: Path):
+    """The same tiny Llama exported by optimum: a concat graph (position ids, the past
+    concatenated with each step's new position)."""
+    folder = export_tiny("llama", tiny_root / "serve-optimum", with_tokenizer=True)
+    return ortgen.load(folder, threads=1, plugins=[Plugin()])
+
+
+@pytest.mark.parametrize("graph", ["fused_chat", "optimum_chat"])
+def test_concurrent_requests_equal_each_request_alone(graph, request) -> None:
+    gen = request.getfixturevalue(graph)
     jobs = _requests(gen, 16)
     with _running(gen, max_batch=6) as engine:  # more requests than rows: some wait, then join
         results = _run(engine, jobs)
@@ -101,6 +110,7 @@ def test_concurrent_requests_equal_each_request_alone(fused_chat) -> None:
                 [t for t, _ in alts] for alts in alone.top_logprobs[0]
             ]
     assert engine.stats.finished == 16 and engine.stats.failed == 0
+    assert engine.stats.peak_batch_size > 1  # rows did decode together
 
 
 def test_a_failing_component_fails_only_its_request(fused_chat) -> None:

@@ -402,6 +402,7 @@ def test_metrics_text(big):
         "ortgen_prompt_tokens_total",
         "ortgen_queue_length",
         "ortgen_batch_size",
+        "ortgen_peak_batch_size",
         "ortgen_decode_tokens_per_second",
         "ortgen_time_to_first_token_seconds_count",
     ):

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from ortgen.plugins.caches import StaticCache
+from ortgen.plugins.caches import StaticCache, as_numpy
 
 from .. import scoring
 from ..chain import Chain
@@ -90,6 +90,79 @@ class SlotCache(StaticCache):
         self.set_active(len(order))
 
 
+class ConcatSlots:
+    """The batch's keys/values on a concat (optimum) graph: one (rows, kv_heads, L,
+    head_dim) array per past tensor, ``L`` the token buffer's columns fed so far.
+
+    On these graphs a row's keys/values follow its columns of the (left-padded) token
+    buffer, and the graph concatenates each step's new position onto the past. A joining
+    row is prefilled alone and placed right-aligned, its columns before masked off; the
+    columns every row has as padding are trimmed when rows leave (``shift``).
+    """
+
+    def __init__(self, *, ctx: Any) -> None:
+        signature = ctx.signature
+        if signature is None or signature.shared_kv:
+            raise InputError("ConcatSlots is for concat (optimum) graphs")
+        self.signature = signature
+        self._names = signature.past_inputs
+        self._empty = np.zeros(
+            (1, signature.num_kv_heads, 0, signature.head_dim), signature.kv_dtype
+        )
+        self._arrays: list[np.ndarray] = [self._empty] * len(self._names)
+
+    def empty_past(self) -> dict[str, np.ndarray]:
+        """The past of one row with no positions yet (a joining row's prefill)."""
+        return dict.fromkeys(self._names, self._empty)
+
+    def set_active(self, rows: int) -> None:
+        """Start over with one row and no positions (a new batch)."""
+        if rows != 1:
+            raise InputError("rows join a concat batch through add_row()")
+        self._arrays = [self._empty] * len(self._names)
+
+    def inputs(self) -> dict[str, Any]:
+        return dict(zip(self._names, self._arrays, strict=True))
+
+    def update(self, presents: list[Any]) -> None:
+        self._arrays = [as_numpy(p) for p in presents]
+
+    def reorder(self, rows: np.ndarray) -> None:
+        self._arrays = [a[rows] for a in self._arrays]
+
+    def crop(self, length: int) -> None:
+        self._arrays = [np.ascontiguousarray(a[:, :, :length]) for a in self._arrays]
+
+    @property
+    def length(self) -> int:
+        return self._arrays[0].shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self._arrays)
+
+    def add_row(self, arrays: list[np.ndarray]) -> None:
+        """A new last row with ``arrays`` (1, kv_heads, n, head_dim) as its last ``n``
+        columns; the columns before are zeros (masked)."""
+        joined = []
+        for held, row in zip(self._arrays, arrays, strict=True):
+            padded = np.zeros((1, *held.shape[1:]), dtype=held.dtype)
+            padded[:, :, held.shape[2] - row.shape[2] :] = row
+            joined.append(np.concatenate([held, padded]))
+        self._arrays = joined
+
+    def keep(self, order: np.ndarray) -> None:
+        """Row ``i`` becomes row ``order[i]``; the others are dropped."""
+        self._arrays = [a[order] for a in self._arrays]
+
+    def shift(self, columns: int) -> None:
+        """Add ``columns`` zero columns on the left (negative: drop that many)."""
+        if columns > 0:
+            self._arrays = [np.pad(a, ((0, 0), (0, 0), (columns, 0), (0, 0))) for a in self._arrays]
+        else:
+            self._arrays = [np.ascontiguousarray(a[:, :, -columns:]) for a in self._arrays]
+
+
 class RowLogs:
     """Per row, the logprob of the token just chosen and its best alternatives, computed
     only for rows that asked (``top`` >= 0: that many alternatives)."""
@@ -136,8 +209,12 @@ class ContinuousBatch(Generation):
         tokenizer: Tokenizer | None,
         logprobs: int = -1,
     ) -> None:
-        if not model.signature.shared_kv:
-            raise InputError("continuous batching needs a shared-buffer (fused) graph")
+        self._shared = model.signature.shared_kv
+        if not isinstance(chain.cache, SlotCache if self._shared else ConcatSlots):
+            raise InputError(
+                "continuous batching needs the batch's own cache (SlotCache on fused "
+                "graphs, ConcatSlots on optimum graphs)"
+            )
         chain.cache.set_active(1)  # a cache kept from an earlier batch starts over
         super().__init__(
             model, chain, [prompt], max_length=len(prompt) + 2, pad_token_id=pad_token_id,
@@ -170,7 +247,8 @@ class ContinuousBatch(Generation):
         row = self.batch_size
         end = self.length - 1  # the prompt ends where the others' unfed tokens are
         pad = end - len(prompt)
-        self.chain.cache.set_active(row + 1)
+        if self._shared:
+            self.chain.cache.set_active(row + 1)
         self.reserve(self.length + 2)
         width = self.ids.shape[1]
         ids = np.full((1, width), self.pad_token_id, dtype=np.int64)
@@ -194,7 +272,10 @@ class ContinuousBatch(Generation):
         self.record.last.append(None)
         self._regroup()
         key = tuple(prompt)
-        if key in self._prefilled:  # the same prompt is held: the same keys/values, exactly
+        if not self._shared:  # prefilled alone, then placed in the batch's columns
+            logits, arrays = self._prefill_alone(prompt)
+            self.chain.cache.add_row(arrays)
+        elif key in self._prefilled:  # the same prompt is held: the same keys/values, exactly
             logits, source = self._prefilled[key]
             self.chain.cache.copy_row(source, row, len(prompt))
             self.shared_prefills += 1
@@ -324,9 +405,28 @@ class ContinuousBatch(Generation):
             self._cache_call("select", None)
         return np.array(logits[:, -1, :], dtype=np.float32)
 
+    def _prefill_alone(self, prompt: list[int]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """A concat graph's prefill of ``prompt`` as a request alone (positions from 0, in
+        chunks of ``prefill_chunk``): the last position's logits (1, V) and its keys and
+        values (1, kv_heads, len(prompt), head_dim) per past tensor."""
+        has_positions = self.model.signature.has_position_ids
+        past = self.chain.cache.empty_past()
+        ids = np.asarray([prompt], dtype=np.int64)
+        for first in range(0, len(prompt), self.prefill_chunk):
+            last = min(len(prompt), first + self.prefill_chunk)
+            positions = np.arange(first, last)[None] if has_positions else None
+            mask = np.ones((1, last), dtype=np.int64)
+            logits, presents = self.model.forward(ids[:, first:last], mask, positions, past)
+            past = dict(zip(past, (as_numpy(p) for p in presents), strict=True))
+        arrays = list(past.values())
+        return np.array(logits[:, -1, :], dtype=np.float32), arrays
+
     def _shift(self, columns: int) -> None:
-        """Add ``columns`` padding columns on the left (negative: drop them). The keys and
-        values do not move: on a shared-buffer graph they never followed the columns."""
+        """Add ``columns`` padding columns on the left (negative: drop them). On a
+        shared-buffer graph the keys and values do not move (they never followed the
+        columns); on a concat graph they do."""
+        if not self._shared:
+            self.chain.cache.shift(columns)
         if columns > 0:
             self.ids = np.pad(self.ids, ((0, 0), (columns, 0)), constant_values=self.pad_token_id)
             self.mask = np.pad(self.mask, ((0, 0), (columns, 0)))

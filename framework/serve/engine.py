@@ -26,7 +26,7 @@ from ..api import StreamPiece, TextGenerator
 from ..chain import Chain, build_chain
 from ..config import GenerationConfig
 from ..errors import InputError
-from .batch import ContinuousBatch, SlotCache
+from .batch import ConcatSlots, ContinuousBatch, SlotCache
 
 #: positions per row the shared cache starts with (it doubles when a row needs more)
 SLOT_POSITIONS = 256
@@ -54,6 +54,7 @@ class EngineStats:
     shared_prefills: int = 0  # rows that copied a held row's prefill of the same prompt
     prompt_tokens: int = 0
     batch_size: int = 0
+    peak_batch_size: int = 0  # the most rows one decode step has run
     queue_length: int = 0
     first_token_s: collections.deque = field(default_factory=lambda: collections.deque(maxlen=512))
     decode_tokens_per_s: float = 0.0
@@ -203,9 +204,10 @@ class Engine:
     # -- the engine thread ------------------------------------------------------------
 
     def _run(self) -> None:
-        if self.gen.model.signature.shared_kv:
+        signature = self.gen.model.signature
+        if signature.shared_kv or (signature.has_attention_mask and signature.has_position_ids):
             self._run_batched()
-        else:
+        else:  # a concat graph without a mask or positions cannot hold padded rows
             self._run_one_by_one()
 
     def _next_waiting(self, room: int, block: bool) -> list[RowHandle] | None:
@@ -246,13 +248,14 @@ class Engine:
                 if batch is None:
                     continue
             self.stats.batch_size = len(rows)
+            self.stats.peak_batch_size = max(self.stats.peak_batch_size, len(rows))
             started = time.perf_counter()
             try:
                 next_ids = batch.step()
             except Exception as exc:  # the model itself failed: every row ends
                 for handle in rows:
-                    handle.fail(exc)
                     self._finish(handle, "failed")
+                    handle.fail(exc)
                 batch, rows = None, []
                 self.stats.batch_size = 0
                 continue
@@ -260,6 +263,8 @@ class Engine:
             for row, handle in enumerate(rows):
                 error = batch.errors[row]
                 if error is not None:  # its own component raised: only this row ends
+                    if handle.outcome is None:  # counted before its client hears of it
+                        self._finish(handle, "failed")
                     handle.fail(error)
                 else:
                     handle.push(self._piece(batch, row, int(next_ids[row])))
@@ -290,8 +295,8 @@ class Engine:
                 row = batch.join(handle.prompt, chain, logprobs=logprobs)
                 self.stats.shared_prefills += batch.shared_prefills - before
         except Exception as exc:  # its settings, components or the model failed
-            handle.fail(exc)
             self._finish(handle, "failed")
+            handle.fail(exc)
             if started_new or batch is None:
                 return None
             if batch.batch_size > len(rows):  # it failed after joining: take it out
@@ -300,6 +305,7 @@ class Engine:
         rows.append(handle)
         error = batch.errors[row]
         if error is not None:
+            self._finish(handle, "failed")  # counted before its client hears of it
             handle.fail(error)
         else:
             handle.push(self._piece(batch, row, batch.last_token(row)))
@@ -311,6 +317,8 @@ class Engine:
     ) -> tuple[ContinuousBatch | None, list[RowHandle]]:
         for row in gone:
             handle = rows[row]
+            if handle.outcome is not None:  # a failure, counted when it was reported
+                continue
             if outcome is not None:
                 self._finish(handle, outcome)
             elif batch.errors[row] is not None:
@@ -331,10 +339,13 @@ class Engine:
         wanted = record["top_logprobs"] if record["logprobs"] or record["top_logprobs"] else -1
         return chain, wanted
 
-    def _slot_cache(self) -> SlotCache:
-        """One cache for every row: ``max_batch`` rows, positions grown by doubling as
-        the longest row needs (only the rows in use are copied)."""
+    def _slot_cache(self) -> SlotCache | ConcatSlots:
+        """One cache for every row. Fused graphs: ``max_batch`` rows, positions grown by
+        doubling as the longest row needs (only the rows in use are copied). Optimum
+        graphs: the batch's rows and columns as they are (see ``ConcatSlots``)."""
         ctx = self.gen._context([[0]], self.gen.resolve_config({}).config)
+        if not self.gen.model.signature.shared_kv:
+            return ConcatSlots(ctx=ctx)
         ctx = dataclasses.replace(ctx, batch_size=self.max_batch, max_length=SLOT_POSITIONS)
         return SlotCache(ctx=ctx, capacity=SLOT_POSITIONS)
 
@@ -384,8 +395,8 @@ class Engine:
                 handle.push(StreamPiece.of(state, 0, token))
             self._finish(handle, "finished")
         except Exception as exc:  # a plugin or the model failed: only this row ends
+            self._finish(handle, "failed")  # counted before its client hears of it
             handle.fail(exc)
-            self._finish(handle, "failed")
         finally:
             self.stats.batch_size = 0
 

@@ -96,6 +96,7 @@ def render(stats: EngineStats, http: HttpStats, *, model: str) -> str:
     gauges = (
         ("ortgen_queue_length", stats.queue_length, "Rows waiting for a batch slot."),
         ("ortgen_batch_size", stats.batch_size, "Rows in the batch being decoded."),
+        ("ortgen_peak_batch_size", stats.peak_batch_size, "Most rows one decode step has run."),
         ("ortgen_decode_tokens_per_second", stats.decode_tokens_per_s, "Recent decode speed."),
     )
     for name, value, help_text in gauges:
