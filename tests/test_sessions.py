@@ -250,9 +250,9 @@ def test_chat_batch_answers_as_fresh_chats_and_feeds_only_new_turns(reference_ge
             assert history[-1] == {"role": "user", "content": questions[row]}
             assert batch.conversations[row][-1] == {"role": "assistant", "content": answer}
             assert answer == reference_gen.chat(history, **settings).text, (turn, row)
-        if turn == 0:
-            assert batch.reused_tokens == 0
-        else:  # most of what each row held was reused (the template may re-render its end)
+        # from the second turn on, most of what each row held was reused (the template may
+        # re-render its end); the first may reuse what earlier tests stored for this model
+        if turn:
             assert batch.reused_tokens >= 0.8 * sum(held), turn
 
 
