@@ -464,6 +464,7 @@ class TextGenerator:
             sequences,
             reasons,
             logprobs=getattr(sampler, "sequence_logprobs", None),
+            top_logprobs=getattr(sampler, "sequence_top_logprobs", None),
             scores=list(record.scores) if record.want_scores else None,
             logits=list(record.logits) if record.want_logits else None,
             sequence_scores=scores,

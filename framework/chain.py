@@ -145,6 +145,7 @@ def sampler_spec(config: GenerationConfig) -> Spec:
             "num_return_sequences": config.num_return_sequences,
             "do_sample": config.do_sample,
             "logprobs": config.logprobs,
+            "top_logprobs": config.top_logprobs,
         }
         return "beam_search", beams
     if config.do_sample and config.mirostat == 2:
@@ -200,7 +201,7 @@ def build_chain(
         stop_strings=tuple(config.stop_strings or ()),
         record={  # with beams the search strategy keeps the chosen tokens' logprobs
             "logprobs": config.logprobs and config.num_beams == 1,
-            "top_logprobs": config.top_logprobs,
+            "top_logprobs": config.top_logprobs if config.num_beams == 1 else 0,
             "scores": config.output_scores,
             "logits": config.output_logits,
         },

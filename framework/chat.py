@@ -97,8 +97,13 @@ class ChatBatch:
             [*messages, {"role": "user", "content": content}]
             for messages, content in zip(self.conversations, contents, strict=True)
         ]
+        merged = {**self.settings, **settings}
+        if self.generator.resolve_config(merged).config.num_return_sequences != 1:
+            raise InputError(
+                "a chat batch answers each conversation once; num_return_sequences must be 1"
+            )
         prompts = [self.generator.chat_prompt(messages, tools=self.tools) for messages in turns]
-        out = self.generator.generate(prompts, **{**self.settings, **settings})
+        out = self.generator.generate(prompts, **merged)
         self.reused_tokens = sum(map(len, prompts)) - int(out.stats["prefill_tokens"])
         for messages, text in zip(turns, out.text, strict=True):
             messages.append({"role": "assistant", "content": text})

@@ -48,6 +48,7 @@ class BeamSearch:
         num_return_sequences: int = 1,
         do_sample: bool = False,
         logprobs: bool = False,
+        top_logprobs: int = 0,
         *,
         ctx: GenerationContext,
     ) -> None:
@@ -85,11 +86,23 @@ class BeamSearch:
         self.scores = np.full(shape, _NEG, dtype=np.float32)  # finished hypotheses
         self.finished = np.zeros((*shape, width), dtype=np.int64)
         self.finished_length = np.zeros(shape, dtype=np.int64)
-        # each token's processed log-probability, kept like the tokens (``logprobs``)
+        # per token, kept like the tokens: its processed log-probability (``logprobs``)
+        # and the best alternatives at that step (``top_logprobs``), for the running
+        # beams and the finished hypotheses
         self.logprobs = bool(logprobs)
-        self.finished_lp = np.zeros((*shape, width), dtype=np.float32)
-        self.running_lp = np.zeros((*shape, width), dtype=np.float32)
+        if not isinstance(top_logprobs, int) or top_logprobs < 0:
+            raise ConfigError(f"top_logprobs must be a non-negative integer, got {top_logprobs!r}")
+        self.top = top_logprobs
+        trails: dict[str, tuple[tuple[int, ...], type]] = {}
+        if self.logprobs or self.top:
+            trails["lp"] = ((), np.float32)
+        if self.top:
+            trails["top_ids"] = ((self.top,), np.int64)
+            trails["top_lp"] = ((self.top,), np.float32)
+        self.running_trails = {k: np.zeros((*shape, width, *e), t) for k, (e, t) in trails.items()}
+        self.finished_trails = {k: np.zeros_like(v) for k, v in self.running_trails.items()}
         self.sequence_logprobs: list[list[float]] | None = None
+        self.sequence_top_logprobs: list[list[list[tuple[int, float]]]] | None = None
         self.is_finished = np.zeros(shape, dtype=bool)
         self.improvable = np.ones((self.items, 1), dtype=bool)
         self.parents: np.ndarray | None = None
@@ -114,14 +127,8 @@ class BeamSearch:
         generated = input_ids[:, self.prompt_length :].reshape(items, beams, -1)
         cand = np.take_along_axis(generated, top_beams[:, :, None], axis=1)
         cand = np.concatenate([cand, top_ids[:, :, None]], axis=2)
-        cand_lp = None
-        if self.logprobs:  # the running beam's token log-probs plus the new token's
-            step_lp = scores.astype(np.float32).reshape(items, beams, vocab)
-            new_lp = step_lp[np.arange(items)[:, None], top_beams, top_ids]
-            held = self.running_lp[:, :, : cand.shape[2] - 1]
-            cand_lp = np.take_along_axis(held, top_beams[:, :, None], axis=1)
-            cand_lp = np.concatenate([cand_lp, new_lp[:, :, None]], axis=2)
-        self._update_finished(cand, top_scores, hits, cur_len, cand_lp)
+        cand_trails = self._candidate_trails(scores, top_beams, top_ids, cand.shape[2] - 1)
+        self._update_finished(cand, top_scores, hits, cur_len, cand_trails)
 
         # the best num_beams candidates that go on become the running beams
         running = top_scores + hits.astype(np.float32) * _NEG
@@ -129,9 +136,9 @@ class BeamSearch:
         self.running_scores = np.take_along_axis(running, best, axis=1)
         chosen_beams = np.take_along_axis(top_beams, best, axis=1)
         next_ids = np.take_along_axis(top_ids, best, axis=1)
-        if cand_lp is not None:
-            chosen_lp = np.take_along_axis(cand_lp, best[:, :, None], axis=1)
-            self.running_lp[:, :, : chosen_lp.shape[2]] = chosen_lp
+        for name, trail in cand_trails.items():
+            chosen = _take_beams(trail, best)
+            self.running_trails[name][:, :, : chosen.shape[2]] = chosen
         offsets = (np.arange(items) * beams)[:, None]
         self.parents = (chosen_beams + offsets).reshape(-1)
 
@@ -139,6 +146,34 @@ class BeamSearch:
         exists_open = not (self.is_finished.all() and self.early_stopping is True)
         self.done = not (self.improvable.any() and exists_open and not hits.all())
         return next_ids.reshape(-1).astype(np.int64)
+
+    def _candidate_trails(
+        self, scores: np.ndarray, top_beams: np.ndarray, top_ids: np.ndarray, held: int
+    ) -> dict[str, np.ndarray]:
+        """Each candidate's trails: its running beam's first ``held`` entries plus this
+        step's (the new token's processed log-probability, the step's best alternatives
+        in the beam it continues: best first, ties by token id)."""
+        if not self.running_trails:
+            return {}
+        items, beams = self.items, self.num_beams
+        step_lp = scores.astype(np.float32).reshape(items, beams, -1)
+        rows = np.arange(items)[:, None]
+        new = {"lp": step_lp[rows, top_beams, top_ids]}
+        if self.top:
+            flat = step_lp.reshape(items * beams, -1)
+            best = np.argpartition(-flat, self.top - 1, axis=1)[:, : self.top]
+            values = np.take_along_axis(flat, best, axis=1)
+            order = np.lexsort((best, -values), axis=1)
+            alt_ids = np.take_along_axis(best, order, axis=1).reshape(items, beams, self.top)
+            alt_lp = np.take_along_axis(values, order, axis=1).reshape(items, beams, self.top)
+            new["top_ids"] = _take_beams(alt_ids, top_beams)
+            new["top_lp"] = _take_beams(alt_lp, top_beams)
+        return {
+            name: np.concatenate(
+                [_take_beams(trail[:, :, :held], top_beams), new[name][:, :, None]], axis=2
+            )
+            for name, trail in self.running_trails.items()
+        }
 
     def _top_k(self, log_probs: np.ndarray, k: int) -> np.ndarray:
         """The ``k`` best continuations per item, or ``k`` drawn without replacement from
@@ -157,7 +192,7 @@ class BeamSearch:
         top_scores: np.ndarray,
         hits: np.ndarray,
         cur_len: int,
-        cand_lp: np.ndarray | None = None,
+        cand_trails: dict[str, np.ndarray],
     ) -> None:
         """transformers' ``_update_finished_beams``: the candidates among the top
         ``num_beams`` that just ended compete with the finished hypotheses."""
@@ -184,11 +219,12 @@ class BeamSearch:
         self.scores = np.take_along_axis(merged_scores, best, axis=1)
         self.finished_length = np.take_along_axis(merged_lengths, best, axis=1)
         self.is_finished = np.take_along_axis(merged_done, best, axis=1)
-        if cand_lp is not None:
-            padded_lp = np.zeros((*cand_lp.shape[:2], width), dtype=np.float32)
-            padded_lp[:, :, : cand_lp.shape[2]] = cand_lp[:, :, :width]
-            merged_lp = np.concatenate([self.finished_lp, padded_lp], axis=1)
-            self.finished_lp = np.take_along_axis(merged_lp, best[:, :, None], axis=1)
+        for name, trail in cand_trails.items():
+            finished = self.finished_trails[name]
+            padded_trail = np.zeros((*trail.shape[:2], *finished.shape[2:]), dtype=trail.dtype)
+            padded_trail[:, :, : trail.shape[2]] = trail[:, :, :width]
+            merged = np.concatenate([finished, padded_trail], axis=1)
+            self.finished_trails[name] = _take_beams(merged, best)
 
     def _check_early_stop(self, cur_len: int) -> None:
         """transformers' ``_check_early_stop_heuristic``."""
@@ -214,20 +250,36 @@ class BeamSearch:
             generated = input_ids[:, self.prompt_length :].reshape(items, beams, -1)
             hits = np.ones((items, beams), dtype=bool)
             self.improvable = np.ones((items, 1), dtype=bool)
-            held_lp = self.running_lp[:, :, : generated.shape[2]] if self.logprobs else None
-            self._update_finished(generated, self.running_scores, hits, cur_len - 1, held_lp)
+            held = {k: v[:, :, : generated.shape[2]] for k, v in self.running_trails.items()}
+            self._update_finished(generated, self.running_scores, hits, cur_len - 1, held)
             self.done = True
-        sequences, scores, logprobs = [], [], []
+        sequences, scores, logprobs, alternatives = [], [], [], []
+        trails = self.finished_trails
         for item in range(self.items):
             for rank in range(self.num_return_sequences):
                 length = int(self.finished_length[item, rank])
                 sequences.append(self.finished[item, rank, :length].tolist())
                 scores.append(float(self.scores[item, rank]))
-                logprobs.append(self.finished_lp[item, rank, :length].tolist())
+                if "lp" in trails:
+                    logprobs.append(trails["lp"][item, rank, :length].tolist())
+                if self.top:
+                    ids = trails["top_ids"][item, rank, :length].tolist()
+                    values = trails["top_lp"][item, rank, :length].tolist()
+                    alternatives.append(
+                        [list(zip(i, v, strict=True)) for i, v in zip(ids, values, strict=True)]
+                    )
         # each chosen token's processed log-probability, as transformers'
-        # compute_transition_scores(sequences, scores, beam_indices) gives them
-        self.sequence_logprobs = logprobs if self.logprobs else None
+        # compute_transition_scores(sequences, scores, beam_indices) gives them, and the
+        # best alternatives of the beam it was picked in
+        self.sequence_logprobs = logprobs if "lp" in trails else None
+        self.sequence_top_logprobs = alternatives if self.top else None
         return sequences, scores
+
+
+def _take_beams(array: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """``array[item, index[item, j], ...]`` for (items, beams, ...) arrays."""
+    shaped = index.reshape(index.shape + (1,) * (array.ndim - 2))
+    return np.take_along_axis(array, shaped, axis=1)
 
 
 def _top_indices(values: np.ndarray, k: int) -> np.ndarray:

@@ -100,7 +100,9 @@ def test_beam_logprobs_and_scores_equal_transformers(models, prompts):
     eos = _eos_met_early(gen, PROMPTS[0])
     call = dict(num_beams=3, num_return_sequences=2, max_new_tokens=8, eos_token_id=eos)
     expected = hf_beams(hf, prompts, **call)
-    out = gen.generate(prompts, logprobs=True, output_scores=True, output_logits=True, **call)
+    out = gen.generate(
+        prompts, logprobs=True, top_logprobs=3, output_scores=True, output_logits=True, **call
+    )
     assert len(out.scores) == len(expected.scores) == len(out.logits)
     for ours, theirs in zip(out.scores, expected.scores, strict=True):
         theirs = theirs.numpy()
@@ -115,6 +117,16 @@ def test_beam_logprobs_and_scores_equal_transformers(models, prompts):
         np.testing.assert_allclose(logprobs, transition[row, : len(tokens)], rtol=1e-4, atol=1e-4)
         # the sequence score is their sum over length ** length_penalty (1.0 here)
         assert out.sequence_scores[row] == pytest.approx(sum(logprobs) / len(tokens), abs=1e-4)
+        # each token's best alternatives: the top 3 of the scores of the beam it was
+        # picked in (transformers' scores at that step, row beam_indices[row, step])
+        assert len(out.top_logprobs[row]) == len(tokens)
+        for step, alternatives in enumerate(out.top_logprobs[row]):
+            beam_scores = expected.scores[step][int(expected.beam_indices[row, step])].numpy()
+            best = np.argsort(-beam_scores, kind="stable")[:3]
+            assert [token for token, _ in alternatives] == best.tolist(), (row, step)
+            values = [value for _, value in alternatives]
+            np.testing.assert_allclose(values, beam_scores[best], rtol=1e-4, atol=1e-4)
+            assert tokens[step] in best.tolist() or logprobs[step] <= values[-1] + 1e-4
 
 
 @pytest.mark.parametrize(
@@ -122,7 +134,6 @@ def test_beam_logprobs_and_scores_equal_transformers(models, prompts):
     [
         (dict(num_beams=2, num_return_sequences=3), "must be <= num_beams"),
         (dict(num_beams=2, stop_strings=["x"]), "stop_strings is not supported with beam search"),
-        (dict(num_beams=2, top_logprobs=2), "top_logprobs is not supported with beam search"),
         (dict(num_beams=0), "num_beams must be >= 1"),
     ],
 )

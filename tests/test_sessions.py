@@ -262,6 +262,8 @@ def test_chat_batch_refuses_a_wrong_number_of_messages_and_keeps_its_history(tex
         batch.send(["only one"])
     with pytest.raises(ortgen.InputError, match="one message per conversation"):
         batch.send("a string")
+    with pytest.raises(ortgen.InputError, match="num_return_sequences must be 1"):
+        batch.send(["a", "b"], num_return_sequences=2, do_sample=True)
     assert [len(c) for c in batch.conversations] == [1, 1]
     with pytest.raises(ortgen.InputError, match="at least one conversation"):
         text_gen.chat_batch([])
