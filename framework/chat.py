@@ -77,6 +77,16 @@ class ChatBatch:
     ) -> None:
         if not conversations:
             raise InputError("a chat batch needs at least one conversation")
+        if isinstance(conversations, str | Mapping) or not all(
+            isinstance(c, Sequence)
+            and not isinstance(c, str | Mapping)
+            and all(isinstance(m, Mapping) for m in c)
+            for c in conversations
+        ):
+            raise InputError(
+                "chat_batch() takes a list of conversations, each a list of messages "
+                "({'role': ..., 'content': ...}); for one conversation use chat_session()"
+            )
         settings.setdefault("cache", "prefix")
         generator.resolve_config(settings)  # a bad setting fails now, not at the first answer
         self.generator = generator

@@ -267,3 +267,7 @@ def test_chat_batch_refuses_a_wrong_number_of_messages_and_keeps_its_history(tex
     assert [len(c) for c in batch.conversations] == [1, 1]
     with pytest.raises(ortgen.InputError, match="at least one conversation"):
         text_gen.chat_batch([])
+    one = [{"role": "user", "content": "hi"}]  # one conversation, not a list of them
+    for bad in ("hello", one, [["x"]]):
+        with pytest.raises(ortgen.InputError, match="a list of conversations"):
+            text_gen.chat_batch(bad)
