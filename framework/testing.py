@@ -10,6 +10,7 @@ will not be rejected there.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -101,8 +102,6 @@ def check_sparse(
     must pick the same ids, from the same random state (the dense call runs on a deep
     copy made first). Returns what ``sparse`` returned.
     """
-    import copy
-
     if input_ids is None or scores is None:
         input_ids, scores = sample_inputs()
     scores = np.asarray(scores, dtype=np.float32)

@@ -125,7 +125,7 @@ class BeamSearch:
 
         # candidates' generated tokens (the running beam's plus the new one)
         generated = input_ids[:, self.prompt_length :].reshape(items, beams, -1)
-        cand = np.take_along_axis(generated, top_beams[:, :, None], axis=1)
+        cand = _take_beams(generated, top_beams)
         cand = np.concatenate([cand, top_ids[:, :, None]], axis=2)
         cand_trails = self._candidate_trails(scores, top_beams, top_ids, cand.shape[2] - 1)
         self._update_finished(cand, top_scores, hits, cur_len, cand_trails)
@@ -215,7 +215,7 @@ class BeamSearch:
         merged_lengths = np.concatenate([self.finished_length, lengths], axis=1)
         merged_done = np.concatenate([self.is_finished, just_finished], axis=1)
         best = _top_indices(merged_scores, beams)
-        self.finished = np.take_along_axis(merged_tokens, best[:, :, None], axis=1)
+        self.finished = _take_beams(merged_tokens, best)
         self.scores = np.take_along_axis(merged_scores, best, axis=1)
         self.finished_length = np.take_along_axis(merged_lengths, best, axis=1)
         self.is_finished = np.take_along_axis(merged_done, best, axis=1)

@@ -137,7 +137,7 @@ def _on_present(
 
     ``cut(scores)`` returns the ``remove`` mask and whether few scores are kept
     (see ``_fill``). A -inf score stays -inf whatever a cut-off decides (see
-    ``pack_present``); np.partition is also slow on many equal values, which
+    ``Candidates.find``); np.partition is also slow on many equal values, which
     packing avoids. The packed result is scattered straight into the output.
     """
     present = Candidates.find(scores)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from ortgen.plugins.caches import StaticCache, as_numpy
+from ortgen.plugins.caches import DynamicCache, StaticCache, as_numpy
 
 from .. import scoring
 from ..chain import Chain
@@ -90,9 +90,10 @@ class SlotCache(StaticCache):
         self.set_active(len(order))
 
 
-class ConcatSlots:
-    """The batch's keys/values on a concat (optimum) graph: one (rows, kv_heads, L,
-    head_dim) array per past tensor, ``L`` the token buffer's columns fed so far.
+class ConcatSlots(DynamicCache):
+    """The batch's keys/values on a concat (optimum) graph: a dynamic cache (one
+    (rows, kv_heads, L, head_dim) tensor per past tensor, ``L`` the token buffer's
+    columns fed so far) whose rows join and leave.
 
     On these graphs a row's keys/values follow its columns of the (left-padded) token
     buffer, and the graph concatenates each step's new position onto the past. A joining
@@ -101,15 +102,10 @@ class ConcatSlots:
     """
 
     def __init__(self, *, ctx: Any) -> None:
-        signature = ctx.signature
-        if signature is None or signature.shared_kv:
+        if ctx.signature is None or ctx.signature.shared_kv:
             raise InputError("ConcatSlots is for concat (optimum) graphs")
-        self.signature = signature
-        self._names = signature.past_inputs
-        self._empty = np.zeros(
-            (1, signature.num_kv_heads, 0, signature.head_dim), signature.kv_dtype
-        )
-        self._arrays: list[np.ndarray] = [self._empty] * len(self._names)
+        super().__init__(ctx=ctx)  # ctx is for one row: the empty past of a new batch
+        self._empty = self._values[0]
 
     def empty_past(self) -> dict[str, np.ndarray]:
         """The past of one row with no positions yet (a joining row's prefill)."""
@@ -119,48 +115,32 @@ class ConcatSlots:
         """Start over with one row and no positions (a new batch)."""
         if rows != 1:
             raise InputError("rows join a concat batch through add_row()")
-        self._arrays = [self._empty] * len(self._names)
-
-    def inputs(self) -> dict[str, Any]:
-        return dict(zip(self._names, self._arrays, strict=True))
-
-    def update(self, presents: list[Any]) -> None:
-        self._arrays = [as_numpy(p) for p in presents]
-
-    def reorder(self, rows: np.ndarray) -> None:
-        self._arrays = [a[rows] for a in self._arrays]
-
-    def crop(self, length: int) -> None:
-        self._arrays = [np.ascontiguousarray(a[:, :, :length]) for a in self._arrays]
-
-    @property
-    def length(self) -> int:
-        return self._arrays[0].shape[2]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self._arrays)
+        self._values = [self._empty] * len(self._names)
+        self._length = 0
 
     def add_row(self, arrays: list[np.ndarray]) -> None:
         """A new last row with ``arrays`` (1, kv_heads, n, head_dim) as its last ``n``
         columns; the columns before are zeros (masked)."""
         joined = []
-        for held, row in zip(self._arrays, arrays, strict=True):
+        for held, row in zip(map(as_numpy, self._values), arrays, strict=True):
             padded = np.zeros((1, *held.shape[1:]), dtype=held.dtype)
             padded[:, :, held.shape[2] - row.shape[2] :] = row
             joined.append(np.concatenate([held, padded]))
-        self._arrays = joined
+        self._values = joined
 
     def keep(self, order: np.ndarray) -> None:
         """Row ``i`` becomes row ``order[i]``; the others are dropped."""
-        self._arrays = [a[order] for a in self._arrays]
+        self.reorder(order)
 
     def shift(self, columns: int) -> None:
         """Add ``columns`` zero columns on the left (negative: drop that many)."""
         if columns > 0:
-            self._arrays = [np.pad(a, ((0, 0), (0, 0), (columns, 0), (0, 0))) for a in self._arrays]
-        else:
-            self._arrays = [np.ascontiguousarray(a[:, :, -columns:]) for a in self._arrays]
+            pad = ((0, 0), (0, 0), (columns, 0), (0, 0))
+            self._values = [np.pad(as_numpy(v), pad) for v in self._values]
+        else:  # columns that are padding for every row
+            kept = (as_numpy(v)[:, :, -columns:] for v in self._values)
+            self._values = [np.ascontiguousarray(v) for v in kept]
+        self._length += columns
 
 
 class RowLogs:
@@ -360,7 +340,7 @@ class ContinuousBatch(Generation):
 
     def _forward(self) -> np.ndarray:
         logits = super()._forward()
-        if self.steps == 0:  # the first row's whole prefill: later copies of it may share
+        if self.steps == 0 and self._shared:  # the first row's prefill: copies may share it
             self._prefilled[self._first_prompt] = (np.array(logits[:1], dtype=np.float32), 0)
         return logits
 

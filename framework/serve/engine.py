@@ -317,14 +317,8 @@ class Engine:
     ) -> tuple[ContinuousBatch | None, list[RowHandle]]:
         for row in gone:
             handle = rows[row]
-            if handle.outcome is not None:  # a failure, counted when it was reported
-                continue
-            if outcome is not None:
-                self._finish(handle, outcome)
-            elif batch.errors[row] is not None:
-                self._finish(handle, "failed")
-            else:
-                self._finish(handle, "finished")
+            if handle.outcome is None:  # a failure was counted when it was reported
+                self._finish(handle, outcome or "finished")
         order = batch.leave(gone)
         kept = [rows[i] for i in order]
         return (batch if kept else None), kept
