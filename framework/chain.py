@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import scoring
 from .config import GenerationConfig
 from .protocols import GenerationContext, KVCache, LogitsProcessor, Sampler, StoppingCriterion
 from .registry import Registry
@@ -234,8 +235,6 @@ class ProcessorChain:
 
         input_ids = np.asarray(input_ids, dtype=np.int64)
         scores = np.asarray(scores, dtype=np.float32)
-        from . import scoring
-
         if self.processors is None:
             self.processors = self._build(input_ids, scores)
         return scoring.dense(scoring.process(self.processors, input_ids, scores))
