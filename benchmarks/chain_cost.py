@@ -94,7 +94,8 @@ def chain_ms(
         scoring.pick(chain.sampler, input_ids, processed, call=timed)
         for name, seconds in spent.items():
             parts[name].append(seconds)
-    share = {name: 1e3 * statistics.median(spent) for name, spent in parts.items()}
+    # a processor done together with the next (temperature before top-k) has no part
+    share = {name: 1e3 * statistics.median(spent) for name, spent in parts.items() if spent}
     return 1e3 * statistics.median(times), share
 
 

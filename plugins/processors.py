@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 import numpy as np
 
@@ -157,7 +158,9 @@ def _cut_candidates(
     return scores.keep(remove(scores.packed))
 
 
-def _top_k_few(scores: np.ndarray, k: int) -> tuple[Candidates, np.ndarray] | None:
+def _top_k_few(
+    scores: np.ndarray, k: int, before: Callable[[np.ndarray], np.ndarray] | None = None
+) -> tuple[Candidates, np.ndarray] | None:
     """Top-k for ``8 * k < vocab`` without partitioning whole rows; None if the rows do not suit.
 
     Same result as partitioning the whole row for its k-th value (~50 us at
@@ -173,6 +176,14 @@ def _top_k_few(scores: np.ndarray, k: int) -> tuple[Candidates, np.ndarray] | No
     ``floor`` reads less memory but takes more numpy calls, which cost more
     here than a pass over the row.)
 
+    With ``before``, an order-preserving map (temperature), the top k of the mapped
+    scores: the candidates are found on the scores and mapped alone. The mapped
+    k-th value is the map of the k-th value, as the map keeps the order; rounding
+    could map a score under ``floor`` onto it too, so ``floor`` is lowered a little,
+    and unless the mapped ``floor`` is below the mapped k-th value (it is, but for
+    a map that squeezes scores together), this returns None and the caller maps
+    the whole row first.
+
     Returns the candidates and which of them to remove, or None when the
     candidates are over 1/8 of the scores (many equal scores, a
     sorted row: the full partition is then cheaper) or there is a NaN (np.partition
@@ -181,22 +192,35 @@ def _top_k_few(scores: np.ndarray, k: int) -> tuple[Candidates, np.ndarray] | No
     batch, vocab = scores.shape
     columns = min(max(_TOP_K_COLUMNS, 4 * k), vocab // 2)  # >= 4k, as 8k < vocab
     rows = vocab // columns  # the tail past rows * columns is in no column, which is fine
-    maxima = scores[:, : rows * columns].reshape(batch, rows, columns).max(axis=1)
+    # (ufuncs and ndarray methods called directly: numpy's wrappers cost ~1 us a call,
+    # and this runs once per token)
+    maxima = np.maximum.reduce(scores[:, : rows * columns].reshape(batch, rows, columns), axis=1)
     # a NaN (ranked highest, as by torch.topk) must be a candidate, which >= below
     # would miss: a batch with one takes the full partition (max propagates NaN)
     tail = scores[:, rows * columns :]
-    if math.isnan(maxima.max()) or (tail.size and math.isnan(tail.max())):
+    if math.isnan(np.maximum.reduce(maxima, axis=None)) or (tail.size and math.isnan(tail.max())):
         return None
-    floor = np.partition(maxima, columns - k, axis=-1)[:, columns - k, None]
-    flat = np.flatnonzero(scores >= floor)
+    maxima.partition(columns - k, axis=-1)  # its own array
+    floor = maxima[:, columns - k, None]
+    if before is not None:
+        # often the floor is the k-th value itself; a little under it, a score that
+        # is not a candidate is far enough below to map under the mapped k-th value
+        floor = floor - np.abs(floor) * np.float32(2**-16)
+    flat = (scores >= floor).reshape(-1).nonzero()[0]
     if flat.size * 8 > scores.size:
         return None
     present = Candidates.at(scores, flat)  # each row has >= k; the -inf padding ranks lowest
+    if before is not None:
+        present = present.with_scores(before(present.packed))
     packed = present.packed
-    kth = np.partition(packed, packed.shape[1] - k, axis=-1)[:, packed.shape[1] - k, None]
+    ranked = packed.copy()
+    ranked.partition(packed.shape[1] - k, axis=-1)
+    kth = ranked[:, packed.shape[1] - k, None]
     if any(map(math.isnan, kth.ravel().tolist())):
         return None
-    return present, packed < kth  # the scores outside are < floor <= kth
+    if before is not None and not (before(floor) < kth).all():
+        return None  # a score under the floor could map onto the mapped k-th value
+    return present, packed < kth  # the scores outside are < floor <= kth (mapped: < kth)
 
 
 # --- processors -----------------------------------------------------------------
@@ -226,6 +250,11 @@ class TemperatureProcessor:
         if self.temperature == 1.0:
             return scores
         return scores.with_scores(scores.packed / self.temperature)
+
+    def order_preserving(self, scores: np.ndarray) -> np.ndarray:
+        """The division alone, for the loop to apply after a selection by rank (see
+        ``ortgen.scoring``): dividing by a positive number never reverses two scores."""
+        return scores / self.temperature
 
 
 class TopKProcessor:
@@ -258,9 +287,25 @@ class TopKProcessor:
         kth = np.partition(scores, vocab - k, axis=-1)[:, vocab - k, None]
         return _fill(scores, scores < kth, few_kept=8 * k < vocab)
 
-    def sparse(self, input_ids: np.ndarray, scores: np.ndarray | Candidates) -> Candidates | None:
+    #: ``sparse`` takes ``before=``, an order-preserving map (see ``ortgen.scoring``)
+    sparse_takes_before = True
+
+    def sparse(
+        self,
+        input_ids: np.ndarray,
+        scores: np.ndarray | Candidates,
+        *,
+        before: Callable[[np.ndarray], np.ndarray] | None = None,
+    ) -> Candidates | None:
         """Top-k as Candidates: from dense scores when k is small against the vocabulary
-        (None otherwise, or when a k-th value is NaN), and on candidates always."""
+        (None otherwise, or when a k-th value is NaN), and on candidates always.
+
+        ``before`` (dense scores only) is an order-preserving map that an earlier
+        processor left to be applied first (temperature): the top k of the mapped
+        scores are the mapped top k, so it is applied to the candidates alone.
+        """
+        if before is not None and isinstance(scores, Candidates):
+            scores = scores.with_scores(before(scores.packed))
         if isinstance(scores, Candidates):
             packed = scores.packed
             width = packed.shape[1]
@@ -275,8 +320,12 @@ class TopKProcessor:
         k = min(self._k, scores.shape[-1])
         if k == 0 or 8 * k >= scores.shape[-1]:
             return None
-        few = _top_k_few(scores, k)
-        return None if few is None else few[0].keep(few[1])
+        few = _top_k_few(scores, k, before)
+        if few is None:
+            return None
+        present, remove = few
+        present.packed[remove] = _NEG_INF  # its own new array, not yet seen by anyone
+        return present
 
 
 class TopPProcessor:
@@ -367,36 +416,37 @@ class TopPProcessor:
         return remove, few_kept
 
     def _cut_few(self, row: np.ndarray) -> tuple[np.ndarray, bool] | None:
-        """``_cut`` for one row of at most ``_FEW`` scores (top-p after top-k), summed in
-        Python floats: on so few scores each numpy call costs more than its arithmetic.
+        """``_cut`` for one row of at most ``_FEW`` scores (top-p after top-k), in a
+        handful of numpy calls: on so few scores each call costs more than its arithmetic.
 
-        The same weights (float32 ``exp``) and float64 prefix sums as the general
-        path, compared as float32; the total is summed exactly (``math.fsum``)
-        rather than pairwise, which can only matter when a cumulative probability
-        rounds to the limit itself. None for what the general path handles: a row
-        without a softmax (NaN, +inf, all -inf) and equal scores straddling the cut.
+        The same weights (float32 ``exp``) and float64 prefix sums (``np.add.accumulate``
+        adds in order) as the general path, compared as float32 through
+        ``_at_most_in_float32``; the total is summed exactly (``math.fsum``) rather
+        than pairwise, which can only matter when a cumulative probability rounds to
+        the limit itself. None for what the general path handles: a row without a
+        softmax (NaN, +inf, all -inf) and equal scores straddling the cut.
         """
-        top = float(row.max())  # NaN propagates
+        ordered = row.copy()
+        ordered.sort()  # NaN sorts last, so the top is NaN when there is one
+        top = ordered[-1]
         if not math.isfinite(top):
             return None
-        ordered = np.sort(row)
-        weights = np.exp(ordered - np.float32(top)).tolist()
-        total = math.fsum(weights)
-        size = len(weights)
-        removed, running = 0, 0.0
-        for weight in weights[: size - min(self.min_tokens_to_keep, size)]:
-            running += weight
-            if not self._removes(running / total):
-                break
-            removed += 1
+        weights = np.exp(ordered - top)
+        total = math.fsum(weights.tolist())
+        size = ordered.size
+        considered = size - min(self.min_tokens_to_keep, size)
+        running = np.add.accumulate(weights[:considered], dtype=np.float64)
+        # the cumulative probabilities never decrease, so the removed ones are a prefix
+        removed = int(np.count_nonzero(self._removes(running / total)))
         cut = ordered[removed]  # the lowest kept score
         if removed and ordered[removed - 1] == cut:
             return None
         return (row < cut)[None, :], 8 * (size - removed) < size
 
 
-def _at_most_in_float32(limit: float) -> Callable[[float], bool]:
-    """``x -> float32(x) <= float32(limit)`` for a float64 ``x``, without rounding each x.
+def _at_most_in_float32(limit: float) -> Callable[[Any], Any]:
+    """``x -> float32(x) <= float32(limit)`` for float64 ``x`` (a number or an array),
+    without rounding each x.
 
     ``x`` rounds to at most ``L = float32(limit)`` below the midpoint between ``L``
     and the next float32 up, and at the midpoint itself when ``L``'s last mantissa

@@ -129,7 +129,7 @@ class MultinomialSampler:
         number from the same stream. None for a row that cannot be drawn from, which
         the general path reports.
         """
-        top = row.max()  # NaN propagates
+        top = np.maximum.reduce(row)  # NaN propagates
         if not math.isfinite(top):
             return None
         weights = np.exp(row - top).tolist()

@@ -351,3 +351,59 @@ def test_check_sparse_passes_the_built_ins_and_catches_a_wrong_one():
         check_sparse(OffByOne(0.7), ids, scores)
     with pytest.raises(ComponentError, match="has no sparse method"):
         check_sparse(C.RepetitionPenaltyProcessor(1.2), ids, scores)
+
+
+def _near_ties(batch: int, vocab: int, seed: int) -> np.ndarray:
+    """Logits whose top scores include runs of adjacent float32 values: a division
+    can round neighbours onto one value, so a score just outside the top k may tie
+    with the k-th after temperature."""
+    scores = _logits(batch, vocab, seed)
+    rng = np.random.default_rng(seed)
+    for row in scores:
+        top = np.sort(row)[-60:]
+        for value in rng.choice(top, 6, replace=False):
+            below = np.nextafter(value, np.float32(-np.inf))
+            spots = rng.integers(0, vocab, 4)
+            row[spots] = value, value, below, np.nextafter(below, np.float32(-np.inf))
+    return scores
+
+
+@pytest.mark.parametrize("temperature", [0.3, 0.7, 1.0, 1.5, 3.0, 1e3])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_temperature_done_on_top_k_candidates_equals_the_dense_chain(temperature, batch):
+    """The loop divides only top-k's candidates by the temperature (scoring's
+    order-preserving pair): the same scores, bit for bit, as dividing every score
+    first, near-ties included; the pair falls back to the dense division when the
+    division could merge a score outside the candidates into the k-th value."""
+    from ortgen import scoring
+
+    chain = [("temperature", P.TemperatureProcessor(temperature)), ("top_k", P.TopKProcessor(50))]
+    for seed in range(30):
+        scores = _near_ties(batch, 4096, seed)
+        ids = np.zeros((batch, 1), np.int64)
+        fused = scoring.process(chain, ids, scores.copy())
+        expected = chain[1][1](ids, chain[0][1](ids, scores))
+        assert_same(scoring.dense(fused), expected)
+        assert isinstance(fused, Candidates)
+
+
+def test_temperature_is_left_to_top_k_only_when_top_k_follows_it():
+    from ortgen import scoring
+
+    seen: list[str] = []
+
+    def call(kind, name, function, input_ids, scores):
+        seen.append(name)
+        return function(input_ids, scores)
+
+    temperature, top_k = P.TemperatureProcessor(0.7), P.TopKProcessor(50)
+    scores, ids = _logits(1, 4096, 3), np.zeros((1, 1), np.int64)
+    scoring.process([("t", temperature), ("k", top_k)], ids, scores, call=call)
+    assert seen == ["k"]  # one call: top-k divided its candidates
+    seen.clear()
+    penalty = C.RepetitionPenaltyProcessor(1.2)
+    chain = [("t", temperature), ("p", penalty), ("k", top_k)]
+    out = scoring.process(chain, ids, scores, call=call)
+    assert "t" in seen  # a processor between them: the division is done on its own
+    expected = top_k(ids, penalty(ids, temperature(ids, scores)))
+    assert_same(scoring.dense(out), expected)
