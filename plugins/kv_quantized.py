@@ -7,6 +7,13 @@ every forward dequantizes the whole past again.
 
     gen.generate(ids, cache="quantized")
     gen.generate(ids, cache={"name": "quantized", "bits": 4, "group": 32})
+    gen.generate(ids, cache={"name": "quantized", "bits": 4, "residual": 16})
+
+``residual`` keeps each row's most recent positions exact as well, like Hugging Face's
+``QuantizedCache(residual_length=...)``. On the default model (teacher-forced over 1,000
+tokens; float cache: perplexity 18.94), 4 bits alone give 21.28 and 0.80 top-1
+agreement in 2.50 MiB at 364 positions; with 16 exact positions 20.44 and 0.85 in 3.20
+MiB; with 64, 19.32 and 0.88 in 5.31 MiB (8 bits alone: 18.78 and 0.88 in 4.12 MiB).
 """
 
 from __future__ import annotations
@@ -49,9 +56,24 @@ class QuantizedCache:
     the attention writes row r's new positions at [n_r, n_r + T) of a (B, H, P + T, D)
     present. ``select(row)`` exposes one row, so prompts of different lengths are
     prefilled row by row as with the static cache.
+
+    ``residual=R`` also keeps each row's last R positions in the graph's float type, in a
+    ring of R slots per row (position p in slot p % R): every forward dequantizes the
+    past, then writes those positions over it exactly. Every position still gets its
+    codes (a position leaving the ring needs no work then), so R costs R positions'
+    float bytes. Hugging Face's ``QuantizedCache`` keeps up to ``residual_length``
+    recent positions unquantized in the same spirit, quantizing them in bulk when
+    full; here the exact window slides one position at a time.
     """
 
-    def __init__(self, *, ctx: GenerationContext, bits: int = 8, group: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        ctx: GenerationContext,
+        bits: int = 8,
+        group: int | None = None,
+        residual: int = 0,
+    ) -> None:
         if ctx.signature is None:
             raise ConfigError("the quantized cache needs the model's graph signature in ctx")
         self.signature = ctx.signature
@@ -67,6 +89,11 @@ class QuantizedCache:
                 f"`group` has to be {kind} of head_dim {dim} ({', '.join(map(str, divisors))}) "
                 f"for {bits} bits, but is {group!r}"
             )
+        if not is_int(residual) or residual < 0:
+            raise ConfigError(
+                f"`residual` has to be a non-negative integer (positions kept exact), "
+                f"but is {residual!r}"
+            )
         self._bits, self._group = bits, int(group)
         self._names = self.signature.past_inputs
         self._shared = self.signature.shared_kv
@@ -75,6 +102,11 @@ class QuantizedCache:
         self._past: np.ndarray | None = None  # concat graphs: this forward's float past
         self._counts = np.zeros(ctx.batch_size, dtype=np.int64)  # positions held per row
         self._allocate(ctx.batch_size, max(ctx.max_length, 1))
+        # the exact recent positions: (2 * layers, B, kv heads, R, D), position p in slot
+        # p % R; row r holds [self._exact_from[r], self._counts[r]) exactly
+        shape = (len(self._names), ctx.batch_size, self.signature.num_kv_heads, int(residual))
+        self._recent = np.zeros((*shape, dim), dtype=self._dtype)
+        self._exact_from = np.zeros(ctx.batch_size, dtype=np.int64)
         self._new = 0  # positions the forward being run adds (from feed_mask)
         self._step: list[ort.OrtValue] = []  # this forward's float buffers, past and present
 
@@ -95,10 +127,10 @@ class QuantizedCache:
         lead = (len(self._names), len(self._counts[rows]), self.signature.num_kv_heads)
         buffer = np.empty((*lead, total, self.signature.head_dim), dtype=self._dtype)
         if self._shared:
-            self._dequantize(rows, held, out=buffer[:, :, :, :held])
+            self._past_floats(rows, held, out=buffer[:, :, :, :held])
             self._past = None
         else:  # concat: the past is fed apart, the present is past + new
-            self._past = self._dequantize(rows, held)
+            self._past = self._past_floats(rows, held)
         self._step = [ort.OrtValue.ortvalue_from_numpy(b) for b in buffer]
         return self._step
 
@@ -111,7 +143,7 @@ class QuantizedCache:
     def inputs(self) -> dict[str, Any]:
         if not self._step:  # called without outputs(): the past alone, dequantized
             rows = self._rows()
-            past = list(self._dequantize(rows, int(self._counts[rows].max(initial=0))))
+            past = list(self._past_floats(rows, int(self._counts[rows].max(initial=0))))
         else:
             past = self._step if self._past is None else list(self._past)
         return dict(zip(self._names, past, strict=True))
@@ -131,15 +163,19 @@ class QuantizedCache:
         if held + new > self._capacity:
             self._grow(held + new)
         if not self._shared or (counts == held).all():  # every row's new positions at held
-            parts = self._quantize(np.stack([a[:, :, held:] for a in arrays]))
+            fresh = np.stack([a[:, :, held : held + new] for a in arrays])
+            parts = self._quantize(fresh)
             for store, part in zip(self._stores(), parts, strict=True):
                 store[:, rows, :, held : held + new] = part
         else:  # packed rows (all of them: one selected row is never uneven) start at n_r
             at = (counts[:, None] + np.arange(new))[:, None, :, None]
-            parts = self._quantize(np.stack([np.take_along_axis(a, at, axis=2) for a in arrays]))
+            fresh = np.stack([np.take_along_axis(a, at, axis=2) for a in arrays])
+            parts = self._quantize(fresh)
             for i, start in enumerate(counts.tolist()):
                 for store, part in zip(self._stores(), parts, strict=True):
                     store[:, i, :, start : start + new] = part[:, i]
+        if self._recent.shape[3]:
+            self._keep_recent(rows, counts, fresh)
         self._counts[rows] += new
         self._step, self._past = [], None  # the float copies go: only codes are held
 
@@ -152,6 +188,8 @@ class QuantizedCache:
         for store, part in zip(self._stores(), kept, strict=True):
             store[:, :, :, :held] = part
         self._counts = self._counts[rows]
+        self._recent = self._recent[:, rows]
+        self._exact_from = self._exact_from[rows]
 
     def crop(self, length: int) -> None:
         """Forget positions past ``length`` of the longest row.
@@ -164,6 +202,7 @@ class QuantizedCache:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot crop a cache of length {self.length} to {length}")
         self._counts = np.maximum(self._counts - (self.length - length), 0)
+        self._exact_from = np.minimum(self._exact_from, self._counts)  # the ring still holds those
         keep = np.arange(self._capacity) < self._counts[:, None]  # (B, capacity)
         for store in self._stores()[1:]:  # zero scales (and minimums): dequantizes to 0
             store *= keep[None, :, None, :, None]
@@ -175,8 +214,9 @@ class QuantizedCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes reserved for codes, scales (and minimums) at the current capacity."""
-        return sum(store.nbytes for store in self._stores())
+        """Bytes reserved for codes, scales (and minimums) at the current capacity, and
+        for the exact recent positions."""
+        return sum(store.nbytes for store in self._stores()) + self._recent.nbytes
 
     def select(self, row: int | None) -> None:
         """Expose only ``row`` (None: every row) to the next forwards (shared graphs)."""
@@ -205,6 +245,29 @@ class QuantizedCache:
         half = self._group // 2
         packed = q[..., :half] | (q[..., half:] << 4)
         return [packed.reshape(*x.shape[:-1], -1), scale, low]
+
+    def _past_floats(self, rows: slice, length: int, out: np.ndarray | None = None) -> np.ndarray:
+        """What a forward reads as the past of ``rows``: every position dequantized, then
+        the exact recent ones (``residual``) written over them."""
+        past = self._dequantize(rows, length, out=out)
+        slots = self._recent.shape[3]
+        for i, row in enumerate(range(len(self._counts))[rows] if slots else ()):
+            start, end = int(self._exact_from[row]), int(self._counts[row])
+            if end > start:
+                ring = self._recent[:, row]  # (N, H, R, D)
+                past[:, i, :, start:end] = np.take(ring, np.arange(start, end) % slots, axis=2)
+        return past
+
+    def _keep_recent(self, rows: slice, counts: np.ndarray, fresh: np.ndarray) -> None:
+        """Copy the last R of the new positions ``fresh`` (N, b, H, new, D) of ``rows``,
+        which held ``counts`` positions before them, into the ring."""
+        slots, new = self._recent.shape[3], fresh.shape[3]
+        kept = min(new, slots)
+        for i, row in enumerate(range(len(self._counts))[rows]):
+            end = int(counts[i]) + new
+            ring = self._recent[:, row]  # a view: writing into it writes the ring
+            ring[:, :, np.arange(end - kept, end) % slots] = fresh[:, i, :, new - kept :]
+            self._exact_from[row] = max(int(self._exact_from[row]), end - slots)
 
     def _dequantize(self, rows: slice, length: int, out: np.ndarray | None = None) -> np.ndarray:
         """Positions [0, length) of ``rows``, (N, b, H, length, D) in the graph's dtype

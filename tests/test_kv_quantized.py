@@ -382,3 +382,104 @@ def test_default_model_teacher_forced_agreement(default_gen, reference_gen) -> N
     assert found["fp32", "4"] >= 0.83  # 0.88
     assert found["int4", "8"] >= max(0.85, found["int4", "fp16"] - 0.05)  # 0.89, fp16 0.91
     assert found["int4", "4"] >= 0.8  # 0.85
+
+
+# ------------------------------------------------------------------- exact recent positions
+
+
+def test_residual_covering_every_position_is_exactly_the_static_cache(gen) -> None:
+    """With ``residual`` at least the positions held, every past value a forward reads is
+    exact: teacher-forced logits, a padded batch of mixed lengths and beam search equal
+    the static cache's bit for bit (4-bit codes underneath, so without the ring they
+    would not)."""
+    exact = {"name": "quantized", "bits": 4, "residual": 160}
+    rng = np.random.default_rng(1)
+    tokens = [1, *rng.integers(3, 256, 119).tolist()]
+    ref = _forced_logits(gen, tokens, "static")
+    assert np.array_equal(_forced_logits(gen, tokens, exact), ref)
+    assert not np.array_equal(_forced_logits(gen, tokens, Q4), ref)
+    for cache in ("static", exact):
+        batch = gen.generate(PROMPTS, max_new_tokens=NEW, eos_token_id=None, cache=cache)
+        beams = gen.generate(
+            PROMPTS[0], max_new_tokens=10, num_beams=3, eos_token_id=None, cache=cache
+        )
+        if cache == "static":
+            expected = (batch.tokens, beams.tokens)
+    assert (batch.tokens, beams.tokens) == expected
+
+
+def test_residual_keeps_exactly_the_last_positions(tiny_model_dirs) -> None:
+    """The past a forward reads: the last R positions are the float ones (the dynamic
+    cache's), the ones before are the codes' (the cache without residual). Compared on
+    layer 0, whose keys and values depend on the tokens alone: deeper layers' depend on
+    the (quantized) past the layers below read."""
+    gen = ortgen.load(tiny_model_dirs["llama"][1], threads=1)
+    pasts = {}
+    for name, cache in (
+        ("dynamic", "dynamic"),
+        ("codes", Q4),
+        ("ring", {**Q4, "residual": 5}),
+    ):
+        state = gen.start(PROMPTS[2], max_new_tokens=8, eos_token_id=None, cache=cache)
+        state.force()
+        for token in (7, 8, 9, 10, 11, 12):  # the same tokens whatever the cache
+            state.force([token])
+        names = list(state.chain.cache.inputs())
+        assert names[0].endswith("0.key") and names[1].endswith("0.value"), names
+        pasts[name] = _past(state)[:2]  # layer 0; 9 prompt positions + the 6 forced
+    assert pasts["ring"].shape[3] == 15
+    assert np.array_equal(pasts["ring"][:, :, :, -5:], pasts["dynamic"][:, :, :, -5:])
+    assert np.array_equal(pasts["ring"][:, :, :, :-5], pasts["codes"][:, :, :, :-5])
+    assert not np.array_equal(pasts["codes"][:, :, :, -5:], pasts["dynamic"][:, :, :, -5:])
+
+
+@pytest.mark.parametrize("residual", [3, 40])
+def test_residual_bookkeeping_through_rewind_and_reorder(gen, residual) -> None:
+    """A reorder leaves what a batch of those rows leaves, ring included. Rewinding 3 of 6
+    tokens then stepping once leaves what 4 steps leave when the ring held the rewound
+    positions' predecessors (R = 40); with R = 3 the positions pushed out of the ring
+    stay quantized after the rewind (the exact window shrinks, it is not refilled)."""
+    cache = {**Q4, "residual": residual}
+    states = []
+    for new, rewind in ((6, 3), (4, 0)) if residual == 40 else ():
+        state = gen.start(PROMPTS, max_new_tokens=new, eos_token_id=None, cache=cache)
+        while not state.is_done:
+            state.step()
+        if rewind:
+            state.rewind(rewind)
+            state.step()
+        states.append(state)
+    if states:
+        a, b = states
+        assert a.sequences.tolist() == b.sequences.tolist()
+        assert np.array_equal(_past(a), _past(b))
+
+    shared = gen.model.signature.shared_kv
+    prompts = PROMPTS if shared else [[1, 5, 9, 33], [1, 44, 3, 80], [1, 100, 101, 102]]
+
+    def started(rows: list[list[int]]):
+        state = gen.start(rows, max_new_tokens=4, eos_token_id=None, cache=cache)
+        for _ in range(3):
+            state.step()
+        return state
+
+    moved = started(prompts)
+    moved.chain.cache.reorder(np.asarray([2, 0, 0]))
+    expected = started([prompts[i] for i in (2, 0, 0)])
+    assert np.array_equal(_past(moved), _past(expected))
+    assert moved.chain.cache.nbytes == expected.chain.cache.nbytes
+
+
+def test_residual_costs_its_float_bytes_and_is_checked(tiny_llama_gen) -> None:
+    signature = tiny_llama_gen.model.signature
+    per_position = 2 * signature.num_layers * signature.num_kv_heads * signature.head_dim * 4
+    bytes_of = {}
+    for residual in (0, 7):
+        state = tiny_llama_gen.start(
+            [[1, 2, 3]], max_new_tokens=2, cache={**Q4, "residual": residual}
+        )
+        bytes_of[residual] = state.chain.cache.nbytes
+    assert bytes_of[7] - bytes_of[0] == 7 * per_position
+    for bad in (-1, 2.5, "4"):
+        with pytest.raises(ortgen.ConfigError, match=r"`residual` has to be a non-negative"):
+            tiny_llama_gen.generate([1, 2, 3], max_new_tokens=2, cache={**Q4, "residual": bad})
