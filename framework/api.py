@@ -27,7 +27,7 @@ from .pipeline import Pipeline, load_pipeline
 from .plugin_manager import build_registry, make_plugin_manager
 from .prompts import PromptEncoder
 from .protocols import GenerationContext
-from .text import Tokenizer, load_tokenizer
+from .text import RowText, Tokenizer, load_tokenizer
 
 Prompt = prompts_mod.Prompt
 Prompts = prompts_mod.Prompts
@@ -455,7 +455,16 @@ class TextGenerator:
             sequences[i, : state.prompt_length] = state.ids[prompt_row, : state.prompt_length]
             sequences[i, state.prompt_length : state.prompt_length + len(row)] = row
         reasons = ["eos" if row and row[-1] in eos else "length" for row in tokens]
-        texts = [self.tokenizer.decode(t) for t in tokens] if self.tokenizer else None
+        texts = None
+        if self.tokenizer is not None:  # the greedy path's text: cut before a stop string
+            texts = []
+            for i, row in enumerate(tokens):
+                row_text = RowText(self.tokenizer, state.chain.stop_strings)
+                for token in row:
+                    row_text.push(token)
+                texts.append(row_text.close())
+                if row_text.stopped:
+                    reasons[i] = "stop_string"
         text: str | list[str] | None = texts[0] if single and texts is not None else texts
         record = state.record
         return GenerationOutput(

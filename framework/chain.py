@@ -148,6 +148,8 @@ def sampler_spec(config: GenerationConfig) -> Spec:
             "logprobs": config.logprobs,
             "top_logprobs": config.top_logprobs,
         }
+        if config.stop_strings:
+            beams["stop_strings"] = list(config.stop_strings)
         return "beam_search", beams
     if config.do_sample and config.mirostat == 2:
         return "mirostat_v2", {"tau": config.mirostat_tau, "eta": config.mirostat_eta}

@@ -238,10 +238,6 @@ def validate(config: GenerationConfig) -> list[str]:
             f"num_return_sequences ({c.num_return_sequences}) must be <= num_beams "
             f"({c.num_beams}): beam search returns its best finished beams",
         )
-        need(
-            not c.stop_strings,
-            f"stop_strings is not supported with beam search (num_beams={c.num_beams}) yet",
-        )
         need(c.mirostat == 0, "mirostat is a sampler of its own; it cannot run with num_beams > 1")
     else:
         need(

@@ -46,7 +46,9 @@ class Generation(Feeding):
             raise InputError("no prompts given")
         # rows sharing one settings group share one chain; ``chain`` holds the cache
         self._groups = _group_rows(chain, row_chains, len(prompts))
-        if any(c.stop_strings for _, c in self._groups) and tokenizer is None:
+        # a search strategy (beam search) looks for stop strings itself; text comes at the end
+        searching = getattr(chain.sampler[1], "finalize", None) is not None
+        if any(c.stop_strings for _, c in self._groups) and tokenizer is None and not searching:
             raise InputError(
                 f"stop_strings need a tokenizer, and the model in {model.path} has none; "
                 "stop on token ids with eos_token_id or a stopping criterion instead"

@@ -15,12 +15,16 @@ The extended sampler contract (docs/plugins.md): after each call the sampler exp
 calls the cache's ``reorder``) and ``done`` (True ends every row); ``finalize()`` returns
 the chosen sequences at the end. Any third-party search strategy can do the same.
 
-Candidates "end" on EOS and on the length limit, as with transformers' default stopping
-criteria; other criteria (``max_time``, plugins) end the whole search, and the running
-beams are then scored as if they ended there.
+Candidates "end" on EOS, on the length limit and on a stop string, as with transformers'
+stopping criteria (its ``StopStringCriteria``: the candidate's last token completes one;
+here within the generated text, as ortgen's stop strings are everywhere); other criteria
+(``max_time``, plugins) end the whole search, and the running beams are then scored as
+if they ended there.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -49,6 +53,7 @@ class BeamSearch:
         do_sample: bool = False,
         logprobs: bool = False,
         top_logprobs: int = 0,
+        stop_strings: Sequence[str] = (),
         *,
         ctx: GenerationContext,
     ) -> None:
@@ -74,6 +79,13 @@ class BeamSearch:
         self.num_return_sequences = num_return_sequences
         self.do_sample = bool(do_sample)
         self.eos = np.asarray(ctx.eos_token_ids, dtype=np.int64)
+        self.stop_strings = tuple(stop_strings)
+        if self.stop_strings and ctx.tokenizer is None:
+            raise ConfigError("beam_search: stop_strings need the model's tokenizer")
+        self._tokenizer = ctx.tokenizer
+        # tokens enough to hold a stop string that ends in the last one (tokens of at
+        # least one character), and one more for a character split across two tokens
+        self._stop_window = max(map(len, self.stop_strings), default=0) + 2
         self.prompt_length = ctx.prompt_length
         self.max_length = ctx.max_length
         self.items = ctx.batch_size // num_beams
@@ -127,6 +139,8 @@ class BeamSearch:
         generated = input_ids[:, self.prompt_length :].reshape(items, beams, -1)
         cand = _take_beams(generated, top_beams)
         cand = np.concatenate([cand, top_ids[:, :, None]], axis=2)
+        if self.stop_strings:
+            hits |= self._completes_stop_string(cand)
         cand_trails = self._candidate_trails(scores, top_beams, top_ids, cand.shape[2] - 1)
         self._update_finished(cand, top_scores, hits, cur_len, cand_trails)
 
@@ -146,6 +160,26 @@ class BeamSearch:
         exists_open = not (self.is_finished.all() and self.early_stopping is True)
         self.done = not (self.improvable.any() and exists_open and not hits.all())
         return next_ids.reshape(-1).astype(np.int64)
+
+    def _completes_stop_string(self, cand: np.ndarray) -> np.ndarray:
+        """(items, keep) bool: the candidate's last token completes a stop string, i.e.
+        one occurs in its generated text and ends inside (or with) that token's text."""
+        hits = np.zeros(cand.shape[:2], dtype=bool)
+        window = cand[:, :, -self._stop_window :].tolist()
+        decode = self._tokenizer.decode
+        for item, candidates in enumerate(window):
+            for j, tokens in enumerate(candidates):
+                before, text = decode(tokens[:-1]), decode(tokens)
+                # where the last token's text starts: the common start of the two (a token
+                # completing a character may change the end of the text before it)
+                start = len(before)
+                while start and not text.startswith(before[:start]):
+                    start -= 1
+                hits[item, j] = any(
+                    text.find(stop, max(0, start - len(stop) + 1)) >= 0
+                    for stop in self.stop_strings
+                )
+        return hits
 
     def _candidate_trails(
         self, scores: np.ndarray, top_beams: np.ndarray, top_ids: np.ndarray, held: int

@@ -133,7 +133,7 @@ def test_beam_logprobs_and_scores_equal_transformers(models, prompts):
     ("settings", "message"),
     [
         (dict(num_beams=2, num_return_sequences=3), "must be <= num_beams"),
-        (dict(num_beams=2, stop_strings=["x"]), "stop_strings is not supported with beam search"),
+        (dict(num_beams=2, stop_strings=["x"]), "beam_search: stop_strings need the model's"),
         (dict(num_beams=0), "num_beams must be >= 1"),
     ],
 )
@@ -190,3 +190,49 @@ def test_beam_search_on_the_default_model_at_fp32_equals_transformers(reference_
         assert tokens == expected[row, len(prompt) : len(prompt) + len(tokens)].tolist()
     for tokens, reason in zip(out.tokens, out.finish_reasons, strict=True):
         assert (tokens[-1] == 2) == (reason == "eos")
+
+
+@pytest.mark.default_model
+def test_beam_search_with_stop_strings_equals_transformers(reference_gen, default_hf):
+    """A candidate whose last token completes a stop string ends like one ending on EOS
+    (transformers' StopStringCriteria in its beam search): the same sequences, token for
+    token, with the stop string found mid-text (" is", ".") and in most beams (","); the
+    text is cut before it and the finish reason says so, as for greedy decoding."""
+    from transformers import AutoTokenizer
+
+    hf_tokenizer = AutoTokenizer.from_pretrained(reference_gen.path)
+    cases = [
+        ("Name a colour.", ["."]),
+        ("Write a short poem about the sea.", [","]),
+        ("List three fruits.", ["\n"]),
+        ("What is 2+2?", [" is"]),
+    ]
+    call = dict(num_beams=3, num_return_sequences=3, max_new_tokens=24, eos_token_id=2)
+    reasons = []
+    for content, stops in cases:
+        prompt = reference_gen.chat_prompt([{"role": "user", "content": content}])
+        with torch.no_grad():
+            expected = default_hf.generate(
+                torch.tensor([prompt]),
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                do_sample=False,
+                pad_token_id=2,
+                stop_strings=stops,
+                tokenizer=hf_tokenizer,
+                **call,
+            )
+        out = reference_gen.generate(prompt, stop_strings=stops, **call)
+        for row, (tokens, text, reason) in enumerate(
+            zip(out.tokens, out.text, out.finish_reasons, strict=True)
+        ):
+            theirs = expected[row, len(prompt) :].tolist()
+            assert tokens == theirs[: len(tokens)], (content, row)
+            assert set(theirs[len(tokens) :]) <= {2}
+            decoded = reference_gen.tokenizer.decode(tokens)
+            if reason == "stop_string":
+                cut = min(i for i in (decoded.find(s) for s in stops) if i >= 0)
+                assert text == decoded[:cut]
+            else:
+                assert text == decoded and not any(s in decoded for s in stops)
+            reasons.append(reason)
+    assert reasons.count("stop_string") >= 6 and "eos" in reasons and "length" in reasons
