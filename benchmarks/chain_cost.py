@@ -94,8 +94,7 @@ def chain_ms(
         scoring.pick(chain.sampler, input_ids, processed, call=timed)
         for name, seconds in spent.items():
             parts[name].append(seconds)
-    # a processor done together with the next (temperature before top-k) has no part
-    share = {name: 1e3 * statistics.median(spent) for name, spent in parts.items() if spent}
+    share = {name: 1e3 * statistics.median(spent) for name, spent in parts.items()}
     return 1e3 * statistics.median(times), share
 
 

@@ -13,7 +13,6 @@ stopping criterion that reads scores). Each ``sparse`` method gives exactly what
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -41,16 +40,7 @@ def process(
     """The processed scores: dense, or Candidates when the chain left few."""
     shape = scores.shape
     held: np.ndarray | Candidates = scores
-    fused = -1  # the index of a processor already applied with the one before it
-    for index, (name, processor) in enumerate(processors):
-        if index == fused:
-            continue
-        if not isinstance(held, Candidates) and index + 1 < len(processors):
-            out = _select_then_map(processors, index, input_ids, held, call)
-            if out is not None:
-                check_candidates(processors[index + 1][0], out, shape, step)
-                held, fused = out, index + 1
-                continue
+    for name, processor in processors:
         sparse = getattr(processor, "sparse", None)
         if sparse is not None:
             out = call("logits processor", name, sparse, input_ids, held)
@@ -63,29 +53,6 @@ def process(
         held = call("logits processor", name, processor, input_ids, held)
         check_scores(name, held, shape, step)
     return held
-
-
-def _select_then_map(
-    processors: Sequence[tuple[str, Any]],
-    index: int,
-    input_ids: np.ndarray,
-    scores: np.ndarray,
-    call: Call,
-) -> Candidates | None:
-    """Processors ``index`` and ``index + 1`` in one go, when the first is an
-    order-preserving map of every score (temperature: ``order_preserving``) and the
-    second selects by rank and can take it (top-k: ``sparse(..., before=map)``).
-
-    Top-k of ``scores / t`` keeps the same tokens as top-k of ``scores``, so the
-    division is done on the ~50 candidates instead of on all 49,152 scores. None
-    when the pair does not apply, or the selection declines (it then runs as usual).
-    """
-    order_map = getattr(processors[index][1], "order_preserving", None)
-    name, selection = processors[index + 1]
-    sparse = getattr(selection, "sparse", None)
-    if order_map is None or sparse is None or not getattr(selection, "sparse_takes_before", False):
-        return None
-    return call("logits processor", name, partial(sparse, before=order_map), input_ids, scores)
 
 
 def pick(

@@ -25,7 +25,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
 
 import numpy as np
 
@@ -158,9 +157,7 @@ def _cut_candidates(
     return scores.keep(remove(scores.packed))
 
 
-def _top_k_few(
-    scores: np.ndarray, k: int, before: Callable[[np.ndarray], np.ndarray] | None = None
-) -> tuple[Candidates, np.ndarray] | None:
+def _top_k_few(scores: np.ndarray, k: int) -> tuple[Candidates, np.ndarray] | None:
     """Top-k for ``8 * k < vocab`` without partitioning whole rows; None if the rows do not suit.
 
     Same result as partitioning the whole row for its k-th value (~50 us at
@@ -175,14 +172,6 @@ def _top_k_few(
     block at a time. (Comparing only the columns whose maximum reaches
     ``floor`` reads less memory but takes more numpy calls, which cost more
     here than a pass over the row.)
-
-    With ``before``, an order-preserving map (temperature), the top k of the mapped
-    scores: the candidates are found on the scores and mapped alone. The mapped
-    k-th value is the map of the k-th value, as the map keeps the order; rounding
-    could map a score under ``floor`` onto it too, so ``floor`` is lowered a little,
-    and unless the mapped ``floor`` is below the mapped k-th value (it is, but for
-    a map that squeezes scores together), this returns None and the caller maps
-    the whole row first.
 
     Returns the candidates and which of them to remove, or None when the
     candidates are over 1/8 of the scores (many equal scores, a
@@ -202,25 +191,17 @@ def _top_k_few(
         return None
     maxima.partition(columns - k, axis=-1)  # its own array
     floor = maxima[:, columns - k, None]
-    if before is not None:
-        # often the floor is the k-th value itself; a little under it, a score that
-        # is not a candidate is far enough below to map under the mapped k-th value
-        floor = floor - np.abs(floor) * np.float32(2**-16)
     flat = (scores >= floor).reshape(-1).nonzero()[0]
     if flat.size * 8 > scores.size:
         return None
     present = Candidates.at(scores, flat)  # each row has >= k; the -inf padding ranks lowest
-    if before is not None:
-        present = present.with_scores(before(present.packed))
     packed = present.packed
     ranked = packed.copy()
     ranked.partition(packed.shape[1] - k, axis=-1)
     kth = ranked[:, packed.shape[1] - k, None]
     if any(map(math.isnan, kth.ravel().tolist())):
         return None
-    if before is not None and not (before(floor) < kth).all():
-        return None  # a score under the floor could map onto the mapped k-th value
-    return present, packed < kth  # the scores outside are < floor <= kth (mapped: < kth)
+    return present, packed < kth  # the scores outside are < floor <= kth
 
 
 # --- processors -----------------------------------------------------------------
@@ -250,11 +231,6 @@ class TemperatureProcessor:
         if self.temperature == 1.0:
             return scores
         return scores.with_scores(scores.packed / self.temperature)
-
-    def order_preserving(self, scores: np.ndarray) -> np.ndarray:
-        """The division alone, for the loop to apply after a selection by rank (see
-        ``ortgen.scoring``): dividing by a positive number never reverses two scores."""
-        return scores / self.temperature
 
 
 class TopKProcessor:
@@ -287,25 +263,9 @@ class TopKProcessor:
         kth = np.partition(scores, vocab - k, axis=-1)[:, vocab - k, None]
         return _fill(scores, scores < kth, few_kept=8 * k < vocab)
 
-    #: ``sparse`` takes ``before=``, an order-preserving map (see ``ortgen.scoring``)
-    sparse_takes_before = True
-
-    def sparse(
-        self,
-        input_ids: np.ndarray,
-        scores: np.ndarray | Candidates,
-        *,
-        before: Callable[[np.ndarray], np.ndarray] | None = None,
-    ) -> Candidates | None:
+    def sparse(self, input_ids: np.ndarray, scores: np.ndarray | Candidates) -> Candidates | None:
         """Top-k as Candidates: from dense scores when k is small against the vocabulary
-        (None otherwise, or when a k-th value is NaN), and on candidates always.
-
-        ``before`` (dense scores only) is an order-preserving map that an earlier
-        processor left to be applied first (temperature): the top k of the mapped
-        scores are the mapped top k, so it is applied to the candidates alone.
-        """
-        if before is not None and isinstance(scores, Candidates):
-            scores = scores.with_scores(before(scores.packed))
+        (None otherwise, or when a k-th value is NaN), and on candidates always."""
         if isinstance(scores, Candidates):
             packed = scores.packed
             width = packed.shape[1]
@@ -320,7 +280,7 @@ class TopKProcessor:
         k = min(self._k, scores.shape[-1])
         if k == 0 or 8 * k >= scores.shape[-1]:
             return None
-        few = _top_k_few(scores, k, before)
+        few = _top_k_few(scores, k)
         if few is None:
             return None
         present, remove = few
@@ -416,37 +376,36 @@ class TopPProcessor:
         return remove, few_kept
 
     def _cut_few(self, row: np.ndarray) -> tuple[np.ndarray, bool] | None:
-        """``_cut`` for one row of at most ``_FEW`` scores (top-p after top-k), in a
-        handful of numpy calls: on so few scores each call costs more than its arithmetic.
+        """``_cut`` for one row of at most ``_FEW`` scores (top-p after top-k), summed in
+        Python floats: on so few scores each numpy call costs more than its arithmetic.
 
-        The same weights (float32 ``exp``) and float64 prefix sums (``np.add.accumulate``
-        adds in order) as the general path, compared as float32 through
-        ``_at_most_in_float32``; the total is summed exactly (``math.fsum``) rather
-        than pairwise, which can only matter when a cumulative probability rounds to
-        the limit itself. None for what the general path handles: a row without a
-        softmax (NaN, +inf, all -inf) and equal scores straddling the cut.
+        The same weights (float32 ``exp``) and float64 prefix sums as the general
+        path, compared as float32; the total is summed exactly (``math.fsum``)
+        rather than pairwise, which can only matter when a cumulative probability
+        rounds to the limit itself. None for what the general path handles: a row
+        without a softmax (NaN, +inf, all -inf) and equal scores straddling the cut.
         """
-        ordered = row.copy()
-        ordered.sort()  # NaN sorts last, so the top is NaN when there is one
-        top = ordered[-1]
+        top = float(row.max())  # NaN propagates
         if not math.isfinite(top):
             return None
-        weights = np.exp(ordered - top)
-        total = math.fsum(weights.tolist())
-        size = ordered.size
-        considered = size - min(self.min_tokens_to_keep, size)
-        running = np.add.accumulate(weights[:considered], dtype=np.float64)
-        # the cumulative probabilities never decrease, so the removed ones are a prefix
-        removed = int(np.count_nonzero(self._removes(running / total)))
+        ordered = np.sort(row)
+        weights = np.exp(ordered - np.float32(top)).tolist()
+        total = math.fsum(weights)
+        size = len(weights)
+        removed, running = 0, 0.0
+        for weight in weights[: size - min(self.min_tokens_to_keep, size)]:
+            running += weight
+            if not self._removes(running / total):
+                break
+            removed += 1
         cut = ordered[removed]  # the lowest kept score
         if removed and ordered[removed - 1] == cut:
             return None
         return (row < cut)[None, :], 8 * (size - removed) < size
 
 
-def _at_most_in_float32(limit: float) -> Callable[[Any], Any]:
-    """``x -> float32(x) <= float32(limit)`` for float64 ``x`` (a number or an array),
-    without rounding each x.
+def _at_most_in_float32(limit: float) -> Callable[[float], bool]:
+    """``x -> float32(x) <= float32(limit)`` for a float64 ``x``, without rounding each x.
 
     ``x`` rounds to at most ``L = float32(limit)`` below the midpoint between ``L``
     and the next float32 up, and at the midpoint itself when ``L``'s last mantissa
