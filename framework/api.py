@@ -197,8 +197,18 @@ class TextGenerator:
         return self.stream_state(self._start(rows, configs, seeds))
 
     def stream_state(self, state: Generation) -> Iterator[str]:
-        """Drive a one-row ``state`` to its end, yielding its text as it becomes safe to show."""
+        """Drive a one-row ``state`` to its end, yielding its text as it becomes safe to show.
+
+        A search (beam search) knows its text only once it has chosen: the best sequence's
+        text comes as one piece at the end (transformers refuses a streamer with beams)."""
         self._need_tokenizer("stream()")
+        if state.is_search:
+            while not state.is_done:
+                state.step()
+            text = self._output(state, False, {}).text[0]
+            if text:
+                yield text
+            return
         while not state.is_done:
             state.step()
             piece = state.new_text(0)

@@ -108,10 +108,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     state = gen.start(args.prompt, **settings)
     shown = False
     try:
-        while not state.is_done:
-            state.step()
-            shown = _show(state.new_text(0)) or shown
-        shown = _show(state.new_text(0)) or shown
+        for piece in gen.stream_state(state):
+            shown = _show(piece) or shown
     except KeyboardInterrupt:
         print("\n[interrupted]", file=sys.stderr)
         return 130

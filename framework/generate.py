@@ -47,8 +47,8 @@ class Generation(Feeding):
         # rows sharing one settings group share one chain; ``chain`` holds the cache
         self._groups = _group_rows(chain, row_chains, len(prompts))
         # a search strategy (beam search) looks for stop strings itself; text comes at the end
-        searching = getattr(chain.sampler[1], "finalize", None) is not None
-        if any(c.stop_strings for _, c in self._groups) and tokenizer is None and not searching:
+        stops = any(c.stop_strings for _, c in self._groups)
+        if stops and tokenizer is None and not self.is_search:
             raise InputError(
                 f"stop_strings need a tokenizer, and the model in {model.path} has none; "
                 "stop on token ids with eos_token_id or a stopping criterion instead"
@@ -233,6 +233,12 @@ class Generation(Feeding):
         contract)."""
         finalize = getattr(self._groups[0][1].sampler[1], "finalize", None)
         return finalize(self.ids[:, : self.length]) if finalize is not None else None
+
+    @property
+    def is_search(self) -> bool:
+        """True when the sampler is a search strategy (beam search): it moves rows, and
+        the text exists only once it has chosen (``search_results()``)."""
+        return getattr(self._groups[0][1].sampler[1], "finalize", None) is not None
 
     def _reorder(self, parents: np.ndarray) -> None:
         """Rows become copies of ``parents`` (beam search keeps its best beams): token

@@ -236,3 +236,21 @@ def test_beam_search_with_stop_strings_equals_transformers(reference_gen, defaul
                 assert text == decoded and not any(s in decoded for s in stops)
             reasons.append(reason)
     assert reasons.count("stop_string") >= 6 and "eos" in reasons and "length" in reasons
+
+
+@pytest.fixture(scope="module")
+def text_gen(tmp_path_factory: pytest.TempPathFactory):
+    from tests.tiny_models import export_tiny
+
+    folder = export_tiny("llama", tmp_path_factory.mktemp("beams-text"), with_tokenizer=True)
+    return ortgen.load(folder, threads=1)
+
+
+def test_stream_of_a_search_is_its_chosen_text_in_one_piece(text_gen):
+    """stream() with beams: the best sequence's text, once the search has chosen (the
+    step-by-step text of a row that beams move about would not be the answer)."""
+    call = dict(num_beams=3, max_new_tokens=16, eos_token_id=None)
+    pieces = list(text_gen.stream("Once upon", **call))
+    assert pieces == [text_gen.generate("Once upon", **call).text]
+    greedy = text_gen.generate("Once upon", max_new_tokens=16, eos_token_id=None).text
+    assert pieces[0] != greedy, "beams would not be tested"

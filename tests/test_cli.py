@@ -83,6 +83,23 @@ def test_generate_flags_reach_the_request(model: Path, gen) -> None:
     assert other_seed.text != expected.text, "seed would not be tested"
 
 
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_beam_search_prints_the_chosen_text(model: Path, gen, command: str) -> None:
+    """A search has no text until it has chosen: the CLI prints the best sequence (it
+    used to fail asking for a tokenizer), the same text as the API's."""
+    args = ["--set", "num_beams=3", "--max-new-tokens", "10", *LONG]
+    result = run(command, "Hi there", "-m", str(model), *args)
+    assert result.returncode == 0, result.stderr
+    call = dict(num_beams=3, max_new_tokens=10, eos_token_id=None)
+    if command == "chat":
+        expected = gen.chat([{"role": "user", "content": "Hi there"}], **call).text
+    else:
+        expected = gen.generate("Hi there", **call).text
+    assert expected and result.stdout == expected + "\n"
+    greedy = gen.generate("Hi there", max_new_tokens=10, eos_token_id=None).text
+    assert command == "chat" or greedy != expected, "beams would not be tested"
+
+
 def test_chat_with_system_prompt_answers_like_the_api(model: Path, gen) -> None:
     system, question = "Answer briefly.", "What is 2 + 2?"
     result = run(
