@@ -392,7 +392,7 @@ class TextGenerator:
             rows,
             max_length=max_length,
             pad_token_id=base.padding_id,
-            tokenizer=self.tokenizer if base.num_beams == 1 else None,  # beams: text at the end
+            tokenizer=self.tokenizer,
             row_chains=row_chains,
         )
 

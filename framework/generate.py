@@ -46,9 +46,7 @@ class Generation(Feeding):
             raise InputError("no prompts given")
         # rows sharing one settings group share one chain; ``chain`` holds the cache
         self._groups = _group_rows(chain, row_chains, len(prompts))
-        # a search strategy (beam search) looks for stop strings itself; text comes at the end
-        stops = any(c.stop_strings for _, c in self._groups)
-        if stops and tokenizer is None and not self.is_search:
+        if any(c.stop_strings for _, c in self._groups) and tokenizer is None:
             raise InputError(
                 f"stop_strings need a tokenizer, and the model in {model.path} has none; "
                 "stop on token ids with eos_token_id or a stopping criterion instead"
@@ -414,7 +412,7 @@ class Generation(Feeding):
     def _new_texts(self) -> None:
         """One text per row for this turn; tokens it already generated (kept by a rewind
         or an appended continuation) count as shown text."""
-        if self.tokenizer is None:
+        if self.tokenizer is None or self.is_search:  # a search's rows move: text at the end
             return
         stops = [self.chain.stop_strings] * self.batch_size
         for rows, chain in self._groups:
@@ -441,6 +439,11 @@ class Generation(Feeding):
             raise InputError(f"{what} were not recorded; pass {what}=... when starting the request")
 
     def _row_text(self, row: int) -> RowText:
+        if not self._texts and self.tokenizer is not None:  # a search (see _new_texts)
+            raise InputError(
+                "a search strategy's rows move between beams, so a row has no text until "
+                "it has chosen: read search_results(), or use generate() or stream()"
+            )
         if not self._texts:
             raise InputError(
                 f"the model in {self.model.path} has no tokenizer, so there is no text; "

@@ -254,3 +254,10 @@ def test_stream_of_a_search_is_its_chosen_text_in_one_piece(text_gen):
     assert pieces == [text_gen.generate("Once upon", **call).text]
     greedy = text_gen.generate("Once upon", max_new_tokens=16, eos_token_id=None).text
     assert pieces[0] != greedy, "beams would not be tested"
+
+
+def test_a_search_row_has_no_text_until_it_has_chosen(text_gen):
+    state = text_gen.start("Once upon", num_beams=2, max_new_tokens=4, eos_token_id=None)
+    state.step()
+    with pytest.raises(ortgen.InputError, match="a search strategy's rows move"):
+        state.new_text(0)
