@@ -20,16 +20,17 @@ SETTINGS = [
 ]
 
 
-def hf_beams(hf, prompts: list[list[int]], **settings):
+def hf_beams(hf, prompts: list[list[int]], *, pad: int = PAD_ID, **settings):
+    """transformers' greedy beam search on left-padded ``prompts`` (pad id ``pad``)."""
     width = max(map(len, prompts))
-    ids = torch.tensor([[PAD_ID] * (width - len(p)) + p for p in prompts])
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     with torch.no_grad():
         return hf.generate(
             ids,
             attention_mask=mask,
             do_sample=False,
-            pad_token_id=PAD_ID,
+            pad_token_id=pad,
             output_scores=True,
             return_dict_in_generate=True,
             **settings,
@@ -177,14 +178,7 @@ def test_beam_search_on_the_default_model_at_fp32_equals_transformers(reference_
     hf = default_hf
     prompt = reference_gen.chat_prompt([{"role": "user", "content": "Name a colour."}])
     call = dict(num_beams=3, num_return_sequences=2, max_new_tokens=16, eos_token_id=2)
-    with torch.no_grad():
-        expected = hf.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            do_sample=False,
-            pad_token_id=2,
-            **call,
-        )
+    expected = hf_beams(hf, [prompt], pad=2, **call).sequences
     out = reference_gen.generate(prompt, **call)
     for row, tokens in enumerate(out.tokens):
         assert tokens == expected[row, len(prompt) : len(prompt) + len(tokens)].tolist()
@@ -211,16 +205,9 @@ def test_beam_search_with_stop_strings_equals_transformers(reference_gen, defaul
     reasons = []
     for content, stops in cases:
         prompt = reference_gen.chat_prompt([{"role": "user", "content": content}])
-        with torch.no_grad():
-            expected = default_hf.generate(
-                torch.tensor([prompt]),
-                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                do_sample=False,
-                pad_token_id=2,
-                stop_strings=stops,
-                tokenizer=hf_tokenizer,
-                **call,
-            )
+        expected = hf_beams(
+            default_hf, [prompt], pad=2, stop_strings=stops, tokenizer=hf_tokenizer, **call
+        ).sequences
         out = reference_gen.generate(prompt, stop_strings=stops, **call)
         for row, (tokens, text, reason) in enumerate(
             zip(out.tokens, out.text, out.finish_reasons, strict=True)

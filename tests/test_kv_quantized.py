@@ -229,7 +229,12 @@ def _past(state) -> np.ndarray:
     return np.stack([np.asarray(v) for v in state.chain.cache.inputs().values()])
 
 
-def test_reorder_moves_rows_exactly(gen) -> None:
+# with ``residual`` a ring of exact recent positions moves and rewinds with the codes
+RINGS = [{**Q4, "residual": 3}, {**Q4, "residual": 40}]
+
+
+@pytest.mark.parametrize("cache", ["quantized", *RINGS], ids=["8bit", "ring3", "ring40"])
+def test_reorder_moves_rows_exactly(gen, cache) -> None:
     """After reorder(rows) the cache holds what a batch of those rows would hold; rows may
     repeat and the batch may shrink. On fused graphs rows of different lengths keep their
     own counts (each row alone, via select, shows just its positions)."""
@@ -237,7 +242,7 @@ def test_reorder_moves_rows_exactly(gen) -> None:
     prompts = PROMPTS if shared else [[1, 5, 9, 33], [1, 44, 3, 80], [1, 100, 101, 102]]
 
     def started(rows: list[list[int]]):
-        state = gen.start(rows, max_new_tokens=4, eos_token_id=None, cache="quantized")
+        state = gen.start(rows, max_new_tokens=4, eos_token_id=None, cache=cache)
         for _ in range(3):
             state.step()
         return state
@@ -250,6 +255,8 @@ def test_reorder_moves_rows_exactly(gen) -> None:
         assert [s[-3:] for s in expected.sequences.tolist()] == [tokens[i][-3:] for i in order]
         assert np.array_equal(_past(moved), _past(expected))
         assert moved.chain.cache.length == expected.chain.cache.length
+        if order == [2, 0, 0]:  # the same rows and capacity: the same bytes, ring included
+            assert moved.chain.cache.nbytes == expected.chain.cache.nbytes
         for row in range(len(order) if shared else 0):
             for state in (moved, expected):
                 state.chain.cache.select(row)
@@ -257,12 +264,15 @@ def test_reorder_moves_rows_exactly(gen) -> None:
             assert _past(moved).shape[3] == len(prompts[order[row]]) + 2
 
 
-def test_rewind_forgets_like_never_generating(gen) -> None:
+@pytest.mark.parametrize("cache", ["quantized", RINGS[1]], ids=["8bit", "ring40"])
+def test_rewind_forgets_like_never_generating(gen, cache) -> None:
     """Rewinding 3 of 6 tokens, then one step, leaves exactly what 4 steps leave: every row,
-    padded or packed, drops the same 3 positions."""
+    padded or packed, drops the same 3 positions. With a ring this holds when it held the
+    rewound positions' predecessors (R = 40); with R = 3 the positions pushed out of the
+    ring stay quantized after a rewind (the exact window shrinks, it is not refilled)."""
     states = []
     for new, rewind in ((6, 3), (4, 0)):
-        state = gen.start(PROMPTS, max_new_tokens=new, eos_token_id=None, cache="quantized")
+        state = gen.start(PROMPTS, max_new_tokens=new, eos_token_id=None, cache=cache)
         while not state.is_done:
             state.step()
         if rewind:
@@ -431,43 +441,6 @@ def test_residual_keeps_exactly_the_last_positions(tiny_model_dirs) -> None:
     assert np.array_equal(pasts["ring"][:, :, :, -5:], pasts["dynamic"][:, :, :, -5:])
     assert np.array_equal(pasts["ring"][:, :, :, :-5], pasts["codes"][:, :, :, :-5])
     assert not np.array_equal(pasts["codes"][:, :, :, -5:], pasts["dynamic"][:, :, :, -5:])
-
-
-@pytest.mark.parametrize("residual", [3, 40])
-def test_residual_bookkeeping_through_rewind_and_reorder(gen, residual) -> None:
-    """A reorder leaves what a batch of those rows leaves, ring included. Rewinding 3 of 6
-    tokens then stepping once leaves what 4 steps leave when the ring held the rewound
-    positions' predecessors (R = 40); with R = 3 the positions pushed out of the ring
-    stay quantized after the rewind (the exact window shrinks, it is not refilled)."""
-    cache = {**Q4, "residual": residual}
-    states = []
-    for new, rewind in ((6, 3), (4, 0)) if residual == 40 else ():
-        state = gen.start(PROMPTS, max_new_tokens=new, eos_token_id=None, cache=cache)
-        while not state.is_done:
-            state.step()
-        if rewind:
-            state.rewind(rewind)
-            state.step()
-        states.append(state)
-    if states:
-        a, b = states
-        assert a.sequences.tolist() == b.sequences.tolist()
-        assert np.array_equal(_past(a), _past(b))
-
-    shared = gen.model.signature.shared_kv
-    prompts = PROMPTS if shared else [[1, 5, 9, 33], [1, 44, 3, 80], [1, 100, 101, 102]]
-
-    def started(rows: list[list[int]]):
-        state = gen.start(rows, max_new_tokens=4, eos_token_id=None, cache=cache)
-        for _ in range(3):
-            state.step()
-        return state
-
-    moved = started(prompts)
-    moved.chain.cache.reorder(np.asarray([2, 0, 0]))
-    expected = started([prompts[i] for i in (2, 0, 0)])
-    assert np.array_equal(_past(moved), _past(expected))
-    assert moved.chain.cache.nbytes == expected.chain.cache.nbytes
 
 
 def test_residual_costs_its_float_bytes_and_is_checked(tiny_llama_gen) -> None:
