@@ -229,14 +229,19 @@ class Generation(Feeding):
         """A search strategy's chosen sequences (generated tokens) and their scores, or
         None for samplers that pick one token per row (see ``finalize`` in the sampler
         contract)."""
-        finalize = getattr(self._groups[0][1].sampler[1], "finalize", None)
+        finalize = self._finalize
         return finalize(self.ids[:, : self.length]) if finalize is not None else None
 
     @property
     def is_search(self) -> bool:
         """True when the sampler is a search strategy (beam search): it moves rows, and
         the text exists only once it has chosen (``search_results()``)."""
-        return getattr(self._groups[0][1].sampler[1], "finalize", None) is not None
+        return self._finalize is not None
+
+    @property
+    def _finalize(self) -> Any:
+        """A search strategy's ``finalize`` (see the sampler contract), or None."""
+        return getattr(self._groups[0][1].sampler[1], "finalize", None)
 
     def _reorder(self, parents: np.ndarray) -> None:
         """Rows become copies of ``parents`` (beam search keeps its best beams): token
@@ -439,7 +444,7 @@ class Generation(Feeding):
             raise InputError(f"{what} were not recorded; pass {what}=... when starting the request")
 
     def _row_text(self, row: int) -> RowText:
-        if not self._texts and self.tokenizer is not None:  # a search (see _new_texts)
+        if self.is_search and self.tokenizer is not None:  # no per-row text (see _new_texts)
             raise InputError(
                 "a search strategy's rows move between beams, so a row has no text until "
                 "it has chosen: read search_results(), or use generate() or stream()"

@@ -254,8 +254,7 @@ class Engine:
                 next_ids = batch.step()
             except Exception as exc:  # the model itself failed: every row ends
                 for handle in rows:
-                    self._finish(handle, "failed")
-                    handle.fail(exc)
+                    self._fail(handle, exc)
                 batch, rows = None, []
                 self.stats.batch_size = 0
                 continue
@@ -263,9 +262,7 @@ class Engine:
             for row, handle in enumerate(rows):
                 error = batch.errors[row]
                 if error is not None:  # its own component raised: only this row ends
-                    if handle.outcome is None:  # counted before its client hears of it
-                        self._finish(handle, "failed")
-                    handle.fail(error)
+                    self._fail(handle, error)
                 else:
                     handle.push(self._piece(batch, row, int(next_ids[row])))
             done = [r for r in range(len(rows)) if not batch.unfinished[r]]
@@ -295,8 +292,7 @@ class Engine:
                 row = batch.join(handle.prompt, chain, logprobs=logprobs)
                 self.stats.shared_prefills += batch.shared_prefills - before
         except Exception as exc:  # its settings, components or the model failed
-            self._finish(handle, "failed")
-            handle.fail(exc)
+            self._fail(handle, exc)
             if started_new or batch is None:
                 return None
             if batch.batch_size > len(rows):  # it failed after joining: take it out
@@ -305,8 +301,7 @@ class Engine:
         rows.append(handle)
         error = batch.errors[row]
         if error is not None:
-            self._finish(handle, "failed")  # counted before its client hears of it
-            handle.fail(error)
+            self._fail(handle, error)
         else:
             handle.push(self._piece(batch, row, batch.last_token(row)))
         self.stats.generated_tokens += 1
@@ -389,10 +384,16 @@ class Engine:
                 handle.push(StreamPiece.of(state, 0, token))
             self._finish(handle, "finished")
         except Exception as exc:  # a plugin or the model failed: only this row ends
-            self._finish(handle, "failed")  # counted before its client hears of it
-            handle.fail(exc)
+            self._fail(handle, exc)
         finally:
             self.stats.batch_size = 0
+
+    def _fail(self, handle: RowHandle, error: Exception) -> None:
+        """Count the row as failed (once), then hand its client the error: counted before
+        the client hears of it, so /metrics never lags what a client saw."""
+        if handle.outcome is None:
+            self._finish(handle, "failed")
+        handle.fail(error)
 
     def _finish(self, handle: RowHandle, outcome: str) -> None:
         handle.outcome = outcome
