@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed-stamp
 .PHONY: run test lint model default-model bytecode bench peers compare clean-models
 
 run: default-model
-	$(BIN)/ortgen chat "What is the capital of France?" --max-new-tokens 64
+	$(BIN)/ortgen chat "What is the capital of Germany?" --max-new-tokens 64
 
 test: default-model
 	$(BIN)/ruff check .

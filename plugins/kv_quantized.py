@@ -11,9 +11,9 @@ every forward dequantizes the whole past again.
 
 ``residual`` keeps each row's most recent positions exact as well, like Hugging Face's
 ``QuantizedCache(residual_length=...)``. On the default model (teacher-forced over 1,000
-tokens; float cache: perplexity 18.94), 4 bits alone give 21.28 and 0.80 top-1
-agreement in 2.50 MiB at 364 positions; with 16 exact positions 20.44 and 0.85 in 3.20
-MiB; with 64, 19.32 and 0.88 in 5.31 MiB (8 bits alone: 18.78 and 0.88 in 4.12 MiB).
+tokens; float cache: perplexity 19.11), 4 bits alone give 20.76 and 0.82 top-1
+agreement in 2.50 MiB at 364 positions; with 16 exact positions 19.05 and 0.91 in 3.20
+MiB; with 64, 18.99 and 0.94 in 5.31 MiB (8 bits alone: 19.11 and 0.95 in 4.12 MiB).
 """
 
 from __future__ import annotations

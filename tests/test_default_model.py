@@ -7,12 +7,12 @@ import torch
 
 pytestmark = pytest.mark.default_model
 
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+QUESTION = [{"role": "user", "content": "What is the capital of Germany?"}]
 
 
 def test_chat_answer_is_right(default_gen):
     out = default_gen.chat(QUESTION, max_new_tokens=48)
-    assert "Paris" in out.text
+    assert "Berlin" in out.text
     assert out.finish_reasons == ["eos"]  # the instruction-tuned model ends its turn itself
     assert out.tokens[0][-1] == 2  # <|im_end|>, included in tokens as Hugging Face does
     assert "<|im_end|>" not in out.text
@@ -72,11 +72,11 @@ def test_text_batch_rows_equal_single_prompts(reference_gen):
 
 def test_default_model_batch_gives_each_prompt_a_sensible_answer(default_gen):
     prompts = [
-        [{"role": "user", "content": "What is the capital of France?"}],
+        [{"role": "user", "content": "What is the capital of Germany?"}],
         [{"role": "user", "content": "What is 2 + 2? Answer with the number."}],
     ]
     out = default_gen.generate([default_gen.chat_prompt(m) for m in prompts], max_new_tokens=32)
-    assert "Paris" in out.text[0]
+    assert "Berlin" in out.text[0]
     assert "4" in out.text[1]
 
 
@@ -152,8 +152,8 @@ def test_cli_chat_and_generate(default_model_dir, capsys, monkeypatch, default_g
     from ortgen.cli import main
 
     model = ["--model", str(default_model_dir)]
-    assert main(["chat", "What is the capital of France?", "--max-new-tokens", "32", *model]) == 0
-    assert "Paris" in capsys.readouterr().out
+    assert main(["chat", "What is the capital of Germany?", "--max-new-tokens", "32", *model]) == 0
+    assert "Berlin" in capsys.readouterr().out
 
     lines = iter(["My name is Ana.", "What is my name?", ""])
     monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))

@@ -33,7 +33,7 @@ from tests.tiny_models import export_tiny
 
 pytestmark = pytest.mark.default_model
 PLUGIN = ("--plugin", "tests.server_plugin")
-CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+CHAT = [{"role": "user", "content": "What is the capital of Germany?"}]
 TINY_CHAT = [{"role": "user", "content": "hello there"}]
 
 
@@ -217,7 +217,7 @@ def test_default_model_answers(client):
         model="x", messages=CHAT, max_tokens=64, temperature=0, logprobs=True
     )
     answer = got.choices[0]
-    assert "Paris" in answer.message.content and answer.finish_reason == "stop"
+    assert "Berlin" in answer.message.content and answer.finish_reason == "stop"
     tokens = answer.logprobs.content
     assert len(tokens) == got.usage.completion_tokens and tokens[-1].token == "<|im_end|>"
     assert any(t.token.startswith(" ") for t in tokens)  # "Ġ" shown as the space it is

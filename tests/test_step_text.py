@@ -63,9 +63,9 @@ def test_rewind_keeps_text_in_step_with_tokens(default_gen):
 
 
 def test_chat_session_stops_on_stop_strings(default_gen):
-    session = default_gen.chat_session(max_new_tokens=24, stop_strings=["Paris"])
-    reply = "".join(session.send("What is the capital of France? One word."))
-    assert "Paris" not in reply
+    session = default_gen.chat_session(max_new_tokens=24, stop_strings=["Berlin"])
+    reply = "".join(session.send("What is the capital of Germany? One word."))
+    assert "Berlin" not in reply
     assert session.state.finish_reasons == ["stop_string"]
     assert session.messages[-1] == {"role": "assistant", "content": reply}
 

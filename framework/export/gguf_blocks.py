@@ -94,6 +94,24 @@ def concat(parts: list[Blocks], node_name: str) -> Blocks:
     )
 
 
+def with_blocksum_rows(blocks: Blocks) -> Blocks:
+    """``blocks`` plus K/32 rows of codes 1 and scale 1, row j covering block j only.
+
+    A MatMulNBits over these returns, after its N outputs, the K/32 block sums of its
+    input A: the sums the Q4_1 minimum term needs (``blocksum(A) @ M^T``), computed by the
+    same kernel call instead of a separate MatMul with a 0/1 (K, K/32) matrix. At accuracy
+    level 4 the kernel quantises A to int8 per block of 32, so the sums are of the same
+    quantised A the d*q part multiplies, as llama.cpp's q8_1 block sums are
+    (``ggml_vec_dot_q4_1_q8_1``): the two parts of w = d*q + m see one A, where a float
+    block sum paired with an int8 d*q part adds the activations' rounding error times m.
+    """
+    nb = blocks.q.shape[1] // BLOCK
+    eye = np.eye(nb, dtype=np.float32)
+    q = np.repeat(eye, BLOCK, axis=1).astype(blocks.q.dtype)
+    m = None if blocks.m is None else np.concatenate([blocks.m, np.zeros_like(eye)])
+    return Blocks(blocks.kind, np.concatenate([blocks.q, q]), np.concatenate([blocks.d, eye]), m)
+
+
 def dequant(blocks: Blocks) -> np.ndarray:
     """(N, K) float32 weights of ``blocks``: d*q (+ m)."""
     rows = blocks.q.shape[0]

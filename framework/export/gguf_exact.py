@@ -10,11 +10,15 @@ fused norms, MatMulNBits):
   scales d computes A @ (d*q)^T exactly at full kernel speed; the minimum adds
   ``blocksum(A) @ M^T`` (M is (N, K/32)), a float MatMul 32x smaller than the weights.
   Float zero points (zp = -m/d) would also be exact but run a ~15x slower fallback kernel.
-  In decode these tiny extra ops cost per node, not per byte, so the graph keeps them few:
-  the blocksum is one MatMul with a 0/1 (K, K/32) matrix, shared by every MatMulNBits
-  reading the same activation (q/k/v are fused already), and gate/up are fused into one
-  MatMulNBits + one minimum term + Split. Per layer: blocksum + MatMul + Add for q/k/v, o and
-  down, the same + Split for gate/up, i.e. 13 nodes added and 1 removed.
+  The block sums come from the MatMulNBits itself: K/32 extra rows of ones
+  (``with_blocksum_rows``), split off its output. That saves a node and a (K, K/32) 0/1
+  matrix read per projection and step against a separate blocksum MatMul, and at accuracy
+  level 4 it sums the same int8-quantised activations the d*q part multiplies, as
+  llama.cpp does (a float blocksum beside an int8 d*q part adds the activations' rounding
+  error times m: measured, its projections were ~2x further from float activations').
+  gate/up are fused into one MatMulNBits + one minimum term + Split. Per layer: Split +
+  MatMul + Add for q/k/v, o and down, the same + a Split for gate/up, i.e. 13 nodes added
+  and 1 removed.
 - Q8_0 (w = d*q, q int8): an 8-bit MatMulNBits without zero points (onnxruntime's default
   8-bit zero point is 128, so q + 128 is stored); a tied embedding becomes an 8-bit
   GatherBlockQuantized over the same initializer (onnxruntime 1.32 CPU runs it exactly).

@@ -2,11 +2,11 @@
 
 The driver (``gguf_exact``) decides which GGUF tensor goes to which node; this module does
 the graph surgery: replacing a node's weight, scale and zero-point initializers, adding the
-Q4_1 minimum term (a shared block-sum MatMul, then MatMul + Add, optionally a Split for
-fused gate/up), turning the embedding into an 8-bit GatherBlockQuantized, and checking each
-new weight against the builder's own. Edits are collected and applied in one pass by
-``GraphEditor.finish`` so node order stays topological. onnx is passed in, not imported,
-so that ``import ortgen`` stays light.
+Q4_1 minimum term (block-sum rows in the MatMulNBits itself, then Split, MatMul + Add,
+optionally a Split for fused gate/up), turning the embedding into an 8-bit
+GatherBlockQuantized, and checking each new weight against the builder's own. Edits are
+collected and applied in one pass by ``GraphEditor.finish`` so node order stays
+topological. onnx is passed in, not imported, so that ``import ortgen`` stays light.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ExportError
-from .gguf_blocks import BLOCK, Blocks, dequant, pack, same_blocks
+from .gguf_blocks import BLOCK, Blocks, dequant, pack, same_blocks, with_blocksum_rows
 
 __all__ = ["GraphEditor", "int_attr"]
 
@@ -38,7 +38,6 @@ class GraphEditor:
         # Node name -> nodes to insert before / after it (kept in topological order).
         self.before: dict[str, list[Any]] = {}
         self.after: dict[str, list[Any]] = {}
-        self.blocksums: dict[str, str] = {}
         self.removed: set[str] = set()
         self.reshaped: set[str] = set()
 
@@ -118,6 +117,11 @@ class GraphEditor:
         n, k = blocks.q.shape
         if k % BLOCK:
             raise ExportError(f"GGUF rewrite: {node.name} has K={k}, not a multiple of 32")
+        minimum = blocks.m
+        if minimum is not None:
+            blocks = with_blocksum_rows(blocks)
+        elif split:
+            raise ExportError(f"GGUF rewrite: {node.name}: only Q4_1 weights are fused")
         inputs = list(node.input) + [""] * (4 - len(node.input))
         weight, scale, zp = inputs[1], inputs[2], inputs[3]
         self._own(node, [x for x in (weight, scale, zp) if x])
@@ -126,7 +130,7 @@ class GraphEditor:
         if blocks.bits == 4:
             # Packed zero points 0 (not absent: absent means 8 for 4-bit).
             zp = zp or f"{weight}_zp0"
-            self.put(zp, np.zeros((n, (k // BLOCK + 1) // 2), np.uint8))
+            self.put(zp, np.zeros((blocks.q.shape[0], (k // BLOCK + 1) // 2), np.uint8))
         else:
             if zp:
                 self.dropped.add(zp)
@@ -136,44 +140,39 @@ class GraphEditor:
             inputs.pop()
         del node.input[:]
         node.input.extend(inputs)
-        set_int_attr(helper, node, "N", n)
+        set_int_attr(helper, node, "N", blocks.q.shape[0])
         set_int_attr(helper, node, "bits", blocks.bits)
         set_int_attr(helper, node, "block_size", BLOCK)
         set_int_attr(helper, node, "accuracy_level", accuracy_level)
-        if blocks.m is not None:
-            self._add_minimum(node, blocks.m, weight, split)
-        elif split:
-            raise ExportError(f"GGUF rewrite: {node.name}: only Q4_1 weights are fused")
+        if minimum is not None:
+            self._add_minimum(node, n, minimum, weight, split)
 
     def _add_minimum(
-        self, node: Any, m: Any, weight: str, split: list[tuple[str, int]] | None
+        self, node: Any, n: int, m: Any, weight: str, split: list[tuple[str, int]] | None
     ) -> None:
-        """Y = MatMulNBits(A) + blocksum(A) @ M^T, the blocksum shared per activation A."""
+        """Y = Split(MatMulNBits(A)) -> A @ (d*q)^T + blocksum(A) @ M^T.
+
+        ``node`` already returns N + K/32 columns (``with_blocksum_rows``): its last K/32 are
+        the block sums of A, of the int8-quantised A at accuracy level 4, as llama.cpp's
+        q8_1 block sums are.
+        """
         helper = self.onnx.helper
-        act = node.input[0]
-        if act not in self.blocksums:
-            base = f"{node.name}/gguf_blocksum"
-            k = m.shape[1] * BLOCK
-            # One MatMul with a (K, K/32) 0/1 matrix: one node, where Reshape + ReduceSum is two
-            # (per-node cost dominates these tiny ops in decode).
-            ones = f"gguf_exact/block_ones_{k}"
-            if ones not in self.new_inits:
-                self.put(ones, np.repeat(np.eye(k // BLOCK, dtype=np.float32), BLOCK, 0))
-            added = [helper.make_node("MatMul", [act, ones], [f"{base}/output_0"], base)]
-            self.before.setdefault(node.name, []).extend(added)
-            self.blocksums[act] = f"{base}/output_0"
         m_name = f"{weight}_gguf_min"
         self.put(m_name, np.ascontiguousarray(m.T.astype(np.float32)))
         out = node.output[0]
-        node.output[0] = f"{out}/gguf_dq"
         base = f"{node.name}/gguf_min"
+        dq, sums = f"{out}/gguf_dq", f"{base}/blocksums"
+        node.output[0] = f"{out}/gguf_rows"
+        sizes = f"{base}/rows_split"
+        self.put(sizes, np.array([n, m.shape[1]], np.int64))
         added = [
             helper.make_node(
-                "MatMul", [self.blocksums[act], m_name], [f"{base}/output_0"], f"{base}/MatMul"
+                "Split", [node.output[0], sizes], [dq, sums], f"{base}/RowsSplit", axis=-1
             ),
+            helper.make_node("MatMul", [sums, m_name], [f"{base}/output_0"], f"{base}/MatMul"),
             helper.make_node(
                 "Add",
-                [node.output[0], f"{base}/output_0"],
+                [dq, f"{base}/output_0"],
                 [f"{base}/sum" if split else out],
                 f"{base}/Add",
             ),
