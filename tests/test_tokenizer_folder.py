@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -197,3 +198,18 @@ def test_load_tokenizer_returns_tokenizer(chatml_dir: Path):
     tok = load_tokenizer(chatml_dir)
     assert isinstance(tok, Tokenizer)
     assert "chatml" in repr(tok)
+
+
+def test_an_older_ortgen_export_without_the_resolved_file_says_so(tmp_path: Path, chatml_dir):
+    """It still loads (through transformers), but its owner learns why the load is slow."""
+    folder = tmp_path / "old-export"
+    shutil.copytree(chatml_dir, folder)
+    (folder / "ortgen_tokenizer.json").unlink()
+    (folder / "ortgen_manifest.json").write_text('{"format": 2}')
+    with pytest.warns(UserWarning, match=r"older ortgen \(manifest format 2.*re-export"):
+        tok = Tokenizer.from_folder(folder)
+    assert tok.encode(TEXTS[0]) == Tokenizer.from_folder(chatml_dir).encode(TEXTS[0])
+    (folder / "ortgen_manifest.json").unlink()  # a foreign folder: no warning about exports
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Tokenizer.from_folder(folder)

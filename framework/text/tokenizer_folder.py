@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from pathlib import Path
 
 from ..errors import ModelLoadError
@@ -52,6 +53,7 @@ def read_tokenizer_folder(folder: Path) -> TokenizerFolder:
             f"{folder} has no {TOKENIZER_FILE}; a tokenizer needs one "
             "(save it with transformers' tokenizer.save_pretrained(folder))"
         )
+    _warn_if_exported_before_resolution(folder)
     fallback = os.environ.get(FALLBACK_ENV, "transformers").strip().lower() or "transformers"
     if fallback not in _FALLBACKS:
         raise ModelLoadError(
@@ -61,6 +63,27 @@ def read_tokenizer_folder(folder: Path) -> TokenizerFolder:
         return read_best_effort(folder, why=f"{FALLBACK_ENV}=best-effort keeps transformers out")
     found, why = _read_with_transformers(folder)
     return found if found is not None else read_best_effort(folder, why=why)
+
+
+def _warn_if_exported_before_resolution(folder: Path) -> None:
+    """An ortgen export from before ``ortgen_tokenizer.json`` loads, but the slow way: say so.
+
+    Without the file the folder takes the foreign-folder path (transformers imported at
+    every load: seconds and hundreds of MB), which its owner would otherwise only notice as
+    a slow, heavy load. Re-exporting writes the file.
+    """
+    from ..export.manifest import MANIFEST_FORMAT, read_manifest
+
+    manifest = read_manifest(folder)
+    if manifest is None:
+        return  # not an ortgen export: the foreign-folder path is the right one
+    warnings.warn(
+        f"{folder} was exported by an older ortgen (manifest format {manifest.get('format')}, "
+        f"this ortgen writes {MANIFEST_FORMAT}) without {RESOLVED_FILE}: its tokenizer is "
+        "resolved again at every load, through transformers when installed (slower, more "
+        "memory); re-export it with `ortgen export` to load it with tokenizers alone",
+        stacklevel=4,
+    )
 
 
 def _read_with_transformers(folder: Path) -> tuple[TokenizerFolder | None, str]:
