@@ -163,7 +163,8 @@ class GraphEditor:
         base = f"{node.name}/gguf_min"
         dq, sums = f"{out}/gguf_dq", f"{base}/blocksums"
         node.output[0] = f"{out}/gguf_rows"
-        sizes = f"{base}/rows_split"
+        # Shared by nodes of one shape; its prefix also marks a graph as rewritten (gguf_exact).
+        sizes = f"gguf_exact/rows_split_{n}_{m.shape[1]}"
         self.put(sizes, np.array([n, m.shape[1]], np.int64))
         added = [
             helper.make_node(
