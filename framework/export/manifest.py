@@ -18,7 +18,8 @@ from typing import Any
 MANIFEST_NAME = "ortgen_manifest.json"
 #: 1: first release (no ortgen version, no variant); 2: ortgen version and variant;
 #: 3: the tokenizer resolved at export (ortgen_tokenizer.json), so older folders rebuild;
-#: 4: precision ``gguf`` takes its Q4_1 block sums from MatMulNBits rows (a changed graph).
+#: 4: precision ``gguf`` takes its Q4_1 block sums from MatMulNBits rows, and its tied
+#: embedding gathers from the LM head's weight without a Reshape (changed graphs).
 MANIFEST_FORMAT = 4
 TASK = "text-generation-with-past"
 #: The packages whose versions shape an exported graph.
