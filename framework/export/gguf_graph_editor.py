@@ -196,7 +196,6 @@ class GraphEditor:
         self, gather: Any, blocks: Blocks, lm_head: tuple[Any, Blocks] | None, verify: bool
     ) -> None:
         """Embedding = the GGUF's token_embd: shared with the tied LM head when the graph shares."""
-        helper = self.onnx.helper
         if blocks.m is not None:
             raise ExportError(
                 "GGUF rewrite: token_embd.weight is Q4_1; an exact Q4_1 embedding lookup is not "
@@ -219,15 +218,7 @@ class GraphEditor:
             data, scale = f"{table}_Q8G32", f"{table}_scale"
             self.put(data, pack(blocks).reshape(n, k))
             self.put(scale, blocks.d.astype(np.float32))
-            gather.op_type, gather.domain = "GatherBlockQuantized", "com.microsoft"
-            del gather.input[:]
-            gather.input.extend([data, ids, scale])  # default 8-bit zero point 128
-            for name, value in (("bits", 8), ("block_size", BLOCK), ("quantize_axis", 1)):
-                set_int_attr(helper, gather, name, value)
-            set_int_attr(helper, gather, "gather_axis", 0)
-            for a in list(gather.attribute):
-                if a.name == "axis":
-                    gather.attribute.remove(a)
+            self._gather_8bit(gather, [data, ids, scale], quantize_axis=1)
             return
         # GatherBlockQuantized over Reshape(lm_head B): the builder's shared_embeddings=true.
         data = gather.input[0]
@@ -269,20 +260,26 @@ class GraphEditor:
         self.put(scale, blocks.d.astype(np.float32).reshape(n, k // BLOCK, 1))
         out = gather.output[0]
         rows = f"{out}/gguf_blocks"
-        gather.op_type, gather.domain = "GatherBlockQuantized", "com.microsoft"
-        del gather.input[:]
-        gather.input.extend([head.input[1], ids, scale])  # default 8-bit zero point 128
+        self._gather_8bit(gather, [head.input[1], ids, scale], quantize_axis=2)
         gather.output[0] = rows
-        for a in list(gather.attribute):
-            if a.name in ("axis", "quantize_axis", "gather_axis", "bits", "block_size"):
-                gather.attribute.remove(a)
-        for name, value in (("bits", 8), ("block_size", BLOCK), ("quantize_axis", 2)):
-            set_int_attr(helper, gather, name, value)
-        set_int_attr(helper, gather, "gather_axis", 0)
         shape = f"gguf_exact/embedding_rows_{k}"
         self.put(shape, np.array([0, 0, k], np.int64))  # 0: keep the ids' (batch, length)
         joined = helper.make_node("Reshape", [rows, shape], [out], f"{gather.name}/gguf_Rows")
         self.after.setdefault(gather.name, []).append(joined)
+
+    def _gather_8bit(self, gather: Any, inputs: list[str], quantize_axis: int) -> None:
+        """Turn ``gather`` (a Gather or GatherBlockQuantized) into an 8-bit
+        GatherBlockQuantized over ``inputs`` (data, ids, scales; default zero point 128),
+        blocks of 32 along ``quantize_axis``."""
+        gather.op_type, gather.domain = "GatherBlockQuantized", "com.microsoft"
+        del gather.input[:]
+        gather.input.extend(inputs)
+        for a in list(gather.attribute):
+            if a.name == "axis":  # Gather's; GatherBlockQuantized names it gather_axis
+                gather.attribute.remove(a)
+        attrs = (("bits", 8), ("block_size", BLOCK), ("quantize_axis", quantize_axis))
+        for name, value in (*attrs, ("gather_axis", 0)):
+            set_int_attr(self.onnx.helper, gather, name, value)
 
     def finish(self) -> None:
         """Write the new initializers and insert the added nodes in topological order."""
