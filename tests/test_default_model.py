@@ -166,3 +166,32 @@ def test_cli_chat_and_generate(default_model_dir, capsys, monkeypatch, default_g
     assert main(["generate", "The capital of France is", "--max-new-tokens", "8", *model]) == 0
     expected = default_gen.generate("The capital of France is", max_new_tokens=8).text
     assert capsys.readouterr().out == expected + "\n"
+
+
+def test_default_graph_keeps_the_lm_head_out_of_memory_twice(default_model_dir):
+    """Memory layout of the default graph (the numbers are checked by the other tests):
+    the embedding lookup reads a table no matmul reads (a file-mapped copy it pages in row by
+    row), and the LM head is computed in parts of at most 8 MB, so packing it at load never
+    holds more than that twice."""
+    import onnx
+
+    model = onnx.load(str(default_model_dir / "model.onnx"), load_external_data=False)
+    sizes = {
+        t.name: int(next(e.value for e in t.external_data if e.key == "length"))
+        for t in model.graph.initializer
+        if t.external_data
+    }
+    producers = {out: node for node in model.graph.node for out in node.output}
+    (lookup,) = [n for n in model.graph.node if n.op_type == "GatherBlockQuantized"]
+    matmul_inputs = {x for n in model.graph.node if n.op_type == "MatMulNBits" for x in n.input}
+    assert lookup.input[0] not in matmul_inputs
+    assert sizes[lookup.input[0]] == 49152 * 576  # the whole Q8_0 table, one byte a weight
+
+    concat = producers["logits"]
+    assert concat.op_type == "Concat"
+    heads = [producers[part] for part in concat.input]
+    assert len(heads) > 1 and all(h.op_type == "MatMulNBits" for h in heads)
+    assert sum(sizes[h.input[1]] for h in heads) == 49152 * 576
+    assert max(sizes[h.input[1]] for h in heads) <= 8 * 2**20
+    assert len({h.input[0] for h in heads}) == 1  # all read the last position (pruned)
+    assert producers[heads[0].input[0]].op_type == "Slice"

@@ -131,10 +131,18 @@ def prune_lm_head(graph: Path) -> None:
     model = onnx.load(str(graph), load_external_data=False)
     producers = {out: node for node in model.graph.node for out in node.output}
     head = producers.get("logits")
-    if head is None or head.op_type not in ("MatMul", "MatMulNBits"):
+    # the LM head, or its parts along the vocabulary joined by a Concat (gguf_graph_editor)
+    if head is not None and head.op_type == "Concat":
+        heads = [producers.get(part) for part in head.input]
+    else:
+        heads = [head]
+    matmuls = ("MatMul", "MatMulNBits")
+    if any(h is None or h.op_type not in matmuls for h in heads) or (
+        len({h.input[0] for h in heads}) != 1
+    ):
         found = head.op_type if head is not None else "nothing"
         raise ExportError(f"{graph}: 'logits' is made by {found}, not an LM-head MatMul")
-    hidden = head.input[0]
+    hidden = heads[0].input[0]
     if producers.get(hidden) is not None and producers[hidden].op_type == "Slice":
         return  # already pruned
     last = f"{hidden}/last_position"
@@ -149,7 +157,8 @@ def prune_lm_head(graph: Path) -> None:
         model.graph.initializer.append(helper.make_tensor(name, TensorProto.INT64, [1], [value]))
         names.append(name)
     slice_node = helper.make_node("Slice", [hidden, *names], [last], name=f"{last}/Slice")
-    head.input[0] = last
-    index = list(model.graph.node).index(head)
+    for part in heads:
+        part.input[0] = last
+    index = min(list(model.graph.node).index(part) for part in heads)
     model.graph.node.insert(index, slice_node)
     onnx.save(model, str(graph))

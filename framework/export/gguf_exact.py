@@ -20,8 +20,11 @@ fused norms, MatMulNBits):
   MatMul + Add for q/k/v, o and down, the same + a Split for gate/up, i.e. 13 nodes added
   and 1 removed.
 - Q8_0 (w = d*q, q int8): an 8-bit MatMulNBits without zero points (onnxruntime's default
-  8-bit zero point is 128, so q + 128 is stored); a tied embedding becomes an 8-bit
-  GatherBlockQuantized over the same initializer (onnxruntime 1.32 CPU runs it exactly).
+  8-bit zero point is 128, so q + 128 is stored); the embedding becomes an 8-bit
+  GatherBlockQuantized over its own copy of the codes, even when tied to the LM head (a copy
+  in the file is paged in row by row; the head's packed initializer would stay resident),
+  and the LM head MatMulNBits is split along N so that packing it at load holds at most
+  8 MB of it twice (onnxruntime 1.32 CPU runs all of it exactly).
 
 Row order: llama.cpp's converter permutes the rows of q and k for its rotary layout and
 transformers un-permutes them when it loads a GGUF; the builder saw transformers' order and
@@ -59,6 +62,8 @@ from .gguf_graph_editor import GraphEditor, int_attr
 __all__ = ["rewrite_with_gguf_weights"]
 
 _SUPPORTED_TYPES = ("Q4_1", "Q8_0", "F32", "F16")
+# The LM head is packed at load in parts of at most this many bytes (GraphEditor.split_rows).
+_PART_BYTES = 8 * 2**20
 # Builder MatMulNBits node name -> the GGUF tensors it holds, concatenated along N.
 _LAYER_NODE = re.compile(r"^/model/layers\.(\d+)/(attn|mlp)/(\w+)/MatMul")
 _LAYER_PARTS = {
@@ -247,6 +252,8 @@ def rewrite_with_gguf_weights(
         edit.rewrite_embedding(gathers[0], emb_blocks, lm_head, verify)
         report["tensors_rewritten"] += 1
 
+    if lm_head is not None:
+        edit.split_rows(lm_head[0], _PART_BYTES)
     report["norms_checked"] = _check_norms(onnx, inits, tensors, reader, arch)
     edit.finish()
     report["weight_bytes_after"] = sum(_nbytes(onnx, t) for t in graph.initializer)

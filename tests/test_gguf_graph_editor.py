@@ -1,0 +1,103 @@
+"""Graph edits of the exact GGUF rewrite that change memory, not numbers: splitting a large
+MatMulNBits along N (so that packing it at load holds less of it twice) must give exactly the
+node's own output."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ortgen.errors import ExportError
+from ortgen.export.gguf_blocks import BLOCK, Blocks, pack
+from ortgen.export.gguf_graph_editor import GraphEditor
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+N, K = 40, 64
+
+
+def one_matmul(bits: int) -> tuple[object, object]:
+    """A graph with one MatMulNBits (as the rewrite builds it) and that node."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(bits)
+    d = rng.uniform(0.01, 0.1, (N, K // BLOCK)).astype(np.float32)
+    if bits == 8:
+        blocks = Blocks("Q8_0", rng.integers(-128, 128, (N, K)).astype(np.int8), d, None)
+        extra, names = [], ["A", "B", "scales"]
+    else:
+        blocks = Blocks("Q4_1", rng.integers(0, 16, (N, K), dtype=np.uint8), d, None)
+        zp = rng.integers(0, 256, (N, (K // BLOCK + 1) // 2), dtype=np.uint8)
+        extra, names = [numpy_helper.from_array(zp.reshape(-1), "zp")], ["A", "B", "scales", "zp"]
+    inits = [
+        numpy_helper.from_array(pack(blocks), "B"),
+        numpy_helper.from_array(d.reshape(-1), "scales"),
+        *extra,
+    ]
+    node = helper.make_node(
+        "MatMulNBits", names, ["logits"], "/lm_head/MatMul", domain="com.microsoft",
+        K=K, N=N, bits=bits, block_size=BLOCK, accuracy_level=0,
+    )  # fmt: skip
+    graph = helper.make_graph(
+        [node],
+        "one",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, [None, None, K])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [None, None, N])],
+        inits,
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
+    return model, model.graph.node[0]
+
+
+def editor(model) -> GraphEditor:  # type: ignore[no-untyped-def]
+    graph = model.graph
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    return GraphEditor(onnx, graph, {t.name: t for t in graph.initializer}, consumers)
+
+
+def run(model, a: np.ndarray) -> np.ndarray:  # type: ignore[no-untyped-def]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"A": a})[0]
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("max_rows", [7, 20, 39])
+def test_split_rows_gives_the_node_own_output(bits: int, max_rows: int) -> None:
+    model, node = one_matmul(bits)
+    a = np.random.default_rng(0).standard_normal((2, 3, K)).astype(np.float32)
+    whole = run(model, a)
+    row_bytes = K * bits // 8
+    edit = editor(model)
+    edit.split_rows(node, max_bytes=max_rows * row_bytes)
+    edit.finish()
+
+    parts = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+    assert len(parts) == -(-N // max_rows)
+    sizes = [onnx.numpy_helper.to_array(t).nbytes for t in model.graph.initializer]
+    assert max(sizes) <= max_rows * row_bytes  # no weight (or scale) above the bound
+    assert {t.name for t in model.graph.initializer}.isdisjoint({"B", "scales", "zp"})
+    assert model.graph.node[-1].op_type == "Concat"
+    assert model.graph.node[-1].output[0] == "logits"
+    np.testing.assert_array_equal(run(model, a), whole)
+
+
+def test_split_rows_leaves_a_small_weight_alone() -> None:
+    model, node = one_matmul(8)
+    edit = editor(model)
+    edit.split_rows(node, max_bytes=N * K)
+    edit.finish()
+    assert [n.op_type for n in model.graph.node] == ["MatMulNBits"]
+
+
+def test_split_rows_refuses_a_node_whose_output_is_edited() -> None:
+    model, node = one_matmul(8)
+    edit = editor(model)
+    edit.after[node.name] = [onnx.helper.make_node("Identity", ["logits"], ["y"])]
+    with pytest.raises(ExportError, match="cannot split"):
+        edit.split_rows(node, max_bytes=K)
