@@ -53,6 +53,9 @@ def build_fused(
         from .gguf_exact import rewrite_with_gguf_weights
 
         rewrite_with_gguf_weights(dest, gguf, accuracy_level=variant.accuracy_level)
+    from .head_layout import lay_out_head
+
+    lay_out_head(dest)
     prune_lm_head(dest / "model.onnx")
 
 

@@ -22,9 +22,8 @@ fused norms, MatMulNBits):
 - Q8_0 (w = d*q, q int8): an 8-bit MatMulNBits without zero points (onnxruntime's default
   8-bit zero point is 128, so q + 128 is stored); the embedding becomes an 8-bit
   GatherBlockQuantized over its own copy of the codes, even when tied to the LM head (a copy
-  in the file is paged in row by row; the head's packed initializer would stay resident),
-  and the LM head MatMulNBits is split along N so that packing it at load holds at most
-  8 MB of it twice (onnxruntime 1.32 CPU runs all of it exactly).
+  in the file is paged in row by row; the head's packed initializer would stay resident;
+  onnxruntime 1.32 CPU runs it exactly). ``head_layout`` then splits the LM head.
 
 Row order: llama.cpp's converter permutes the rows of q and k for its rotary layout and
 transformers un-permutes them when it loads a GGUF; the builder saw transformers' order and
@@ -41,8 +40,6 @@ stays light.
 from __future__ import annotations
 
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -58,12 +55,11 @@ from .gguf_blocks import (
     unpermute_index,
 )
 from .gguf_graph_editor import GraphEditor, int_attr
+from .onnx_files import save_in_place
 
 __all__ = ["rewrite_with_gguf_weights"]
 
 _SUPPORTED_TYPES = ("Q4_1", "Q8_0", "F32", "F16")
-# The LM head is packed at load in parts of at most this many bytes (GraphEditor.split_rows).
-_PART_BYTES = 8 * 2**20
 # Builder MatMulNBits node name -> the GGUF tensors it holds, concatenated along N.
 _LAYER_NODE = re.compile(r"^/model/layers\.(\d+)/(attn|mlp)/(\w+)/MatMul")
 _LAYER_PARTS = {
@@ -252,14 +248,12 @@ def rewrite_with_gguf_weights(
         edit.rewrite_embedding(gathers[0], emb_blocks, lm_head, verify)
         report["tensors_rewritten"] += 1
 
-    if lm_head is not None:
-        edit.split_rows(lm_head[0], _PART_BYTES)
     report["norms_checked"] = _check_norms(onnx, inits, tensors, reader, arch)
     edit.finish()
     report["weight_bytes_after"] = sum(_nbytes(onnx, t) for t in graph.initializer)
     report["nodes_before"], report["nodes_after"] = nodes_before, len(graph.node)
     report["accuracy_level"] = accuracy_level
-    _save_in_place(onnx, model, Path(onnx_dir))
+    save_in_place(onnx, model, Path(onnx_dir))
     report["model_bytes"] = sum(
         (Path(onnx_dir) / f).stat().st_size for f in ("model.onnx", "model.onnx.data")
     )
@@ -308,28 +302,3 @@ def _check_norms(
             )
         checked += 1
     return checked
-
-
-def _save_in_place(onnx: Any, model: Any, onnx_dir: Path) -> None:
-    """Save next to the old files, then swap: a failed save leaves the old graph intact.
-
-    onnx appends to an existing external-data file, so the new pair is written into a fresh
-    folder under the final names (the graph records the data file's name) and then moved.
-    """
-    tmp = Path(tempfile.mkdtemp(prefix=".gguf_exact_", dir=onnx_dir))
-    try:
-        onnx.save_model(
-            model,
-            str(tmp / "model.onnx"),
-            save_as_external_data=True,
-            all_tensors_to_one_file=True,
-            location="model.onnx.data",
-            size_threshold=1024,
-        )
-        for name in ("model.onnx.data", "model.onnx"):
-            old = onnx_dir / name
-            if old.exists():  # keep the old files' permissions (onnx writes 0600 data files)
-                (tmp / name).chmod(old.stat().st_mode & 0o777)
-            (tmp / name).replace(old)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

@@ -20,6 +20,9 @@ from .gguf_blocks import BLOCK, Blocks, dequant, pack, same_blocks, with_blocksu
 
 __all__ = ["GraphEditor", "int_attr"]
 
+# split_rows cuts N at multiples of this many rows (see there)
+_SPLIT_TILE = 64
+
 
 class GraphEditor:
     """Edits the builder graph: replaces initializers, adds the Q4_1 minimum term.
@@ -247,9 +250,59 @@ class GraphEditor:
         self.put(scale, blocks.d.astype(np.float32))
         self._gather_8bit(gather, [data, gather.input[1], scale], quantize_axis=1)
 
-    def split_rows(self, node: Any, max_bytes: int) -> None:
-        """Cut a MatMulNBits along N into parts of at most ``max_bytes`` of packed weight, and
-        concatenate their outputs: the same products, so the same output.
+    def own_lookup_inputs(self, gather: Any) -> bool:
+        """Give an embedding lookup its own copies of the initializers it shares with the LM
+        head, folding a Reshape of one at export; True if anything changed.
+
+        The builder's shared embedding (``shared_embeddings=true``) reads the head's
+        weight through a Reshape, and its scales and zero points as they are. onnxruntime
+        folds that Reshape at load into anonymous memory (a second table), and the head's
+        own initializers, read whole at load to be packed, stay resident because the
+        lookup reads them. Own copies in the model file are mapped and paged in only for
+        the rows looked up. (The ``gguf`` rewrite gives its lookup a table of its own
+        directly, in ``rewrite_embedding``.)
+        """
+        producers = {out: node for node in self.graph.node for out in node.output}
+        changed = False
+        for i, name in enumerate(gather.input):
+            if i == 1 or not name:  # the token ids
+                continue
+            reshape = producers.get(name)
+            if reshape is not None:
+                if reshape.op_type != "Reshape" or reshape.input[0] not in self.inits:
+                    continue  # not a view of an initializer: nothing shared to copy
+                array = self.array(reshape.input[0])
+                shape = [int(x) for x in self._constant(reshape.input[1], producers)]
+                shape = [array.shape[j] if x == 0 else x for j, x in enumerate(shape)]
+                value = array.reshape(shape)
+                if all(c.name == gather.name for c in self.consumers.get(name, [])):
+                    self.removed.add(reshape.name)
+                self.reshaped.add(name)
+            elif name in self.inits and any(
+                c.name != gather.name for c in self.consumers.get(name, [])
+            ):
+                value = self.array(name)
+            else:
+                continue
+            own = f"{gather.name}/own_input_{i}"
+            self.put(own, np.ascontiguousarray(value))
+            gather.input[i] = own
+            changed = True
+        return changed
+
+    def _constant(self, name: str, producers: dict[str, Any]) -> Any:
+        """The value of an initializer or a Constant node's output."""
+        if name in self.inits or name in self.new_inits:
+            return self.array(name)
+        node = producers.get(name)
+        if node is None or node.op_type != "Constant":
+            raise ExportError(f"graph edit: {name} is not a constant")
+        return self.onnx.numpy_helper.to_array(node.attribute[0].t)
+
+    def split_rows(self, node: Any, max_bytes: int) -> int:
+        """Cut a MatMulNBits along N into parts of about ``max_bytes`` of packed weight
+        (whole tiles of 64 rows), concatenate their outputs, and return the number of parts:
+        the same products in the same order, so bit for bit the same output.
 
         onnxruntime packs each MatMulNBits weight at load while its file-mapped initializer
         is resident, and releases the latter afterwards, so the largest weight sets the load's
@@ -261,10 +314,15 @@ class GraphEditor:
         n = int_attr(node, "N")
         size = self.array(weight).nbytes
         if size <= max_bytes:
-            return
+            return 1
         if node.name in self.after:
             raise ExportError(f"GGUF rewrite: cannot split {node.name}, nodes read its output")
-        step = -(-n // -(-size // max_bytes))  # rows per part, parts as even as possible
+        # rows per part: as even as the bound allows, rounded up to whole tiles of the
+        # kernel, whose remainder path sums in another order (1 ulp off on a tiny model)
+        step = -(-n // -(-size // max_bytes))
+        step = min(n, -(-step // _SPLIT_TILE) * _SPLIT_TILE)
+        if step == n:
+            return 1
         activation, inputs = node.input[0], list(node.input[1:])
         arrays = {name: self.array(name) for name in inputs if name}
         self._own(node, list(arrays))
@@ -299,6 +357,7 @@ class GraphEditor:
             "Concat", parts, [out], f"{node.name}/gguf_rows_concat", axis=-1
         )
         self.after.setdefault(node.name, []).extend([*added, joined])
+        return len(parts)
 
     def _gather_8bit(self, gather: Any, inputs: list[str], quantize_axis: int) -> None:
         """Turn ``gather`` (a Gather or GatherBlockQuantized) into an 8-bit

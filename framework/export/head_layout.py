@@ -1,0 +1,60 @@
+"""Lay out a fused graph's LM head and embedding lookup so that loading holds fewer bytes.
+
+onnxruntime packs each MatMulNBits weight at session creation while the weight's own
+initializer is mapped from the model file, and releases the latter afterwards unless
+another node reads it. Two things then cost resident memory without changing any number:
+
+- an embedding lookup that reads the LM head's initializers (the builder's shared
+  embedding) keeps them resident for good, and a Reshape in front of it is folded by
+  onnxruntime into an anonymous copy of the table;
+- the LM head, the largest weight and the last one packed, is held twice at the load's
+  peak.
+
+So the lookup gets its own copies in the file (paged in only for the rows it reads) and the
+head is computed in parts of at most ``PART_BYTES`` joined by a Concat. On the default
+model: peak RSS 271 -> 247 MB in ``benchmarks/compare.py``, logits bit-identical; on the
+fused int4 graph see docs/benchmarks.md. The cost is disk: the table twice in the folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .gguf_graph_editor import GraphEditor
+from .onnx_files import save_in_place
+
+__all__ = ["PART_BYTES", "lay_out_head"]
+
+#: The largest LM-head part, in bytes of packed weight (the default model's 28 MB Q8_0 head
+#: becomes four parts: peak RSS of its session 236 -> 213 MB).
+PART_BYTES = 8 * 2**20
+
+
+def lay_out_head(onnx_dir: Path, part_bytes: int = PART_BYTES) -> dict[str, Any]:
+    """Rewrite ``onnx_dir``'s model.onnx in place when its head or lookup needs it.
+
+    Returns what was done: ``{"head_parts": n, "lookup_copied": bool}`` (one part and
+    nothing copied: the graph was left alone, as for a float head, which is a MatMul).
+    """
+    import onnx
+
+    model = onnx.load(str(onnx_dir / "model.onnx"), load_external_data=True)
+    graph = model.graph
+    consumers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    producers = {out: node for node in graph.node for out in node.output}
+    head = producers.get("logits")
+    if head is None or head.op_type != "MatMulNBits":
+        return {"head_parts": 1, "lookup_copied": False}
+    edit = GraphEditor(onnx, graph, {t.name: t for t in graph.initializer}, consumers)
+    copied = False
+    for lookup in [n for n in graph.node if n.op_type == "GatherBlockQuantized"]:
+        copied = edit.own_lookup_inputs(lookup) or copied
+    parts = edit.split_rows(head, part_bytes)
+    if parts > 1 or copied:
+        edit.finish()
+        save_in_place(onnx, model, onnx_dir)
+    return {"head_parts": parts, "lookup_copied": copied}
