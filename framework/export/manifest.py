@@ -20,7 +20,8 @@ MANIFEST_NAME = "ortgen_manifest.json"
 #: 3: the tokenizer resolved at export (ortgen_tokenizer.json), so older folders rebuild;
 #: 4: precision ``gguf`` takes its Q4_1 block sums from MatMulNBits rows, and its tied
 #: embedding gathers from the LM head's weight without a Reshape (changed graphs);
-#: 5: precision ``gguf`` gives the embedding its own table and splits the LM head in parts.
+#: 5: fused graphs give the embedding lookup its own table and split a MatMulNBits LM head
+#: in parts (``head_layout``).
 MANIFEST_FORMAT = 5
 TASK = "text-generation-with-past"
 #: The packages whose versions shape an exported graph.
