@@ -5,6 +5,7 @@ of the builder's own."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -23,24 +24,49 @@ def _graph(folder: Path):  # type: ignore[no-untyped-def]
     return onnx.load(str(folder / "model.onnx"), load_external_data=False).graph
 
 
-def test_head_layout_moves_bytes_not_numbers(fused_model_dirs, tmp_path: Path, monkeypatch):
-    from ortgen.export import Variant, export_model, head_layout
-
+@pytest.fixture(scope="module")
+def tied_hf(fused_model_dirs, tmp_path_factory) -> Path:
+    """The tiny llama with its LM head tied to its embedding (as SmolLM2's is)."""
     hf_dir, _ = fused_model_dirs["llama"]
-    with monkeypatch.context() as patch:  # the builder's graph as it comes (pruned head)
+    tied = tmp_path_factory.mktemp("tied") / "llama-hf"
+    shutil.copytree(hf_dir, tied)
+    config = json.loads((tied / "config.json").read_text())
+    (tied / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    return tied
+
+
+def _export(hf_dir: Path, out: Path, precision: str) -> Path:
+    from ortgen.export import Variant, export_model
+
+    variant = Variant(graph="fused", precision=precision)
+    return export_model(hf_dir, out, variant=variant, progress=lambda _m: None, overwrite=True)
+
+
+def _lookup(graph):  # type: ignore[no-untyped-def]
+    kinds = ("Gather", "GatherBlockQuantized")
+    (lookup,) = [n for n in graph.node if n.op_type in kinds and n.input[1] == "input_ids"]
+    return lookup
+
+
+@pytest.mark.parametrize("precision", ["int4", "int8"])
+def test_head_layout_moves_bytes_not_numbers(
+    tied_hf: Path, tmp_path: Path, monkeypatch, precision: str
+) -> None:
+    """int4: the builder's shared embedding reads the head's weight through a Reshape and
+    its scales as they are; int8 (onnxruntime's quantiser): a Gather over a Transpose of
+    the head's float weight."""
+    from ortgen.export import head_layout
+
+    with monkeypatch.context() as patch:  # the graph as it comes (pruned head)
         patch.setattr(head_layout, "lay_out_head", lambda *_args, **_kw: {})
-        plain = export_model(
-            hf_dir,
-            tmp_path / "plain",
-            variant=Variant(graph="fused", precision="int4"),
-            progress=lambda _msg: None,
-            overwrite=True,
-        )
+        plain = _export(tied_hf, tmp_path / "plain", precision)
     graph = _graph(plain)
-    (lookup,) = [n for n in graph.node if n.op_type == "GatherBlockQuantized"]
+    producers = {out: node for node in graph.node for out in node.output}
+    lookup = _lookup(graph)
     (head,) = [n for n in graph.node if "logits" in n.output]
     assert head.op_type == "MatMulNBits"
-    assert set(lookup.input[2:]) <= set(head.input)  # shares the head's scales: the case
+    view = producers[lookup.input[0]]  # the case the pass is for
+    assert view.op_type == {"int4": "Reshape", "int8": "Transpose"}[precision]
     sizes = {t.name: int(np.prod(t.dims)) for t in graph.initializer}
     vocab = next(a.i for a in head.attribute if a.name == "N")
     part_bytes = sizes[head.input[1]] // vocab * 64  # 64 rows a part
@@ -55,7 +81,7 @@ def test_head_layout_moves_bytes_not_numbers(fused_model_dirs, tmp_path: Path, m
 
     graph = _graph(laid)
     producers = {out: node for node in graph.node for out in node.output}
-    (lookup,) = [n for n in graph.node if n.op_type == "GatherBlockQuantized"]
+    lookup = _lookup(graph)
     heads = [producers[x] for x in producers["logits"].input]
     assert producers["logits"].op_type == "Concat" and len(heads) == parts
     read_by_head = {x for part in heads for x in part.input}
@@ -81,3 +107,19 @@ def test_head_layout_leaves_a_float_head_alone(fused_model_dirs, tmp_path: Path)
     stamp = (copy / "model.onnx").stat().st_mtime_ns
     assert lay_out_head(copy, part_bytes=1) == {"head_parts": 1, "lookup_copied": False}
     assert (copy / "model.onnx").stat().st_mtime_ns == stamp
+
+
+def test_an_untied_int4_model_looks_up_its_own_embedding(fused_model_dirs, tmp_path: Path):
+    """The builder shares the LM head with the embedding whenever it is told to; an
+    untied model's tokens must be looked up in its own embedding (exactly: it stays fp32)."""
+    from transformers import AutoModelForCausalLM
+
+    hf_dir, _ = fused_model_dirs["llama"]
+    out = _export(hf_dir, tmp_path / "int4", "int4")
+    graph = onnx.load(str(out / "model.onnx"))
+    lookup = _lookup(graph.graph)
+    head_inputs = {x for n in graph.graph.node if n.op_type == "MatMulNBits" for x in n.input}
+    assert lookup.op_type == "Gather" and lookup.input[0] not in head_inputs
+    table = next(t for t in graph.graph.initializer if t.name == lookup.input[0])
+    want = AutoModelForCausalLM.from_pretrained(hf_dir).get_input_embeddings().weight
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(table), want.detach().numpy())

@@ -71,10 +71,12 @@ def _run_builder(hf_dir: Path, dest: Path, variant: Variant, source: Path) -> No
             # shared embeddings references a zero-point tensor it never writes
             "int4_is_symmetric": "false",
         }
-        if _hidden_size(hf_dir) % block == 0:
+        if _tied_embeddings(hf_dir) and _hidden_size(hf_dir) % block == 0:
             # the embedding shares the LM head's 4-bit weights (GatherBlockQuantized); the
             # builder's RTN path behind it fails when the hidden size is not a whole number
-            # of blocks, and then the embedding stays fp32
+            # of blocks, and then the embedding stays fp32. Only for a model whose head *is*
+            # its embedding: the builder shares whatever it is told to, so an untied model
+            # would look its tokens up in the LM head's weights.
             options |= {"int4_algo_config": "rtn", "shared_embeddings": "true"}
     cache = dest.parent / f"{dest.name}-builder-cache"
     try:
@@ -115,6 +117,14 @@ def _hidden_size(hf_dir: Path) -> int:
     """The transformers folder's hidden size (0 if config.json names none)."""
     config = read_json_object(hf_dir / "config.json", error=ExportError)
     return int(config.get("hidden_size") or config.get("n_embd") or 0)
+
+
+def _tied_embeddings(hf_dir: Path) -> bool:
+    """Whether the transformers model ties its LM head to its embedding (each model class
+    has its own default, so transformers' config class decides, not config.json alone)."""
+    from transformers import AutoConfig
+
+    return bool(getattr(AutoConfig.from_pretrained(hf_dir), "tie_word_embeddings", False))
 
 
 def _no_processing(*_args, **_kwargs) -> None:

@@ -252,31 +252,30 @@ class GraphEditor:
 
     def own_lookup_inputs(self, gather: Any) -> bool:
         """Give an embedding lookup its own copies of the initializers it shares with the LM
-        head, folding a Reshape of one at export; True if anything changed.
+        head, folding a Reshape or Transpose of one at export; True if anything changed.
 
         The builder's shared embedding (``shared_embeddings=true``) reads the head's
-        weight through a Reshape, and its scales and zero points as they are. onnxruntime
-        folds that Reshape at load into anonymous memory (a second table), and the head's
-        own initializers, read whole at load to be packed, stay resident because the
-        lookup reads them. Own copies in the model file are mapped and paged in only for
-        the rows looked up. (The ``gguf`` rewrite gives its lookup a table of its own
-        directly, in ``rewrite_embedding``.)
+        4-bit weight through a Reshape, and its scales and zero points as they are; after
+        onnxruntime's quantiser (precision int8) the float embedding is a Gather over a
+        Transpose of the head's float weight. onnxruntime folds such a Reshape or
+        Transpose at load into anonymous memory (a second table: 113 MB for the int8
+        variant's fp32 one), and initializers the lookup shares with the head stay
+        resident once packing has read them. Own copies in the model file are mapped and
+        paged in only for the rows looked up. (The ``gguf`` rewrite gives its lookup a
+        table of its own directly, in ``rewrite_embedding``.)
         """
         producers = {out: node for node in self.graph.node for out in node.output}
         changed = False
         for i, name in enumerate(gather.input):
             if i == 1 or not name:  # the token ids
                 continue
-            reshape = producers.get(name)
-            if reshape is not None:
-                if reshape.op_type != "Reshape" or reshape.input[0] not in self.inits:
+            view = producers.get(name)
+            if view is not None:
+                value = self._fold_view(view, producers)
+                if value is None:
                     continue  # not a view of an initializer: nothing shared to copy
-                array = self.array(reshape.input[0])
-                shape = [int(x) for x in self._constant(reshape.input[1], producers)]
-                shape = [array.shape[j] if x == 0 else x for j, x in enumerate(shape)]
-                value = array.reshape(shape)
                 if all(c.name == gather.name for c in self.consumers.get(name, [])):
-                    self.removed.add(reshape.name)
+                    self.removed.add(view.name)
                 self.reshaped.add(name)
             elif name in self.inits and any(
                 c.name != gather.name for c in self.consumers.get(name, [])
@@ -289,6 +288,17 @@ class GraphEditor:
             gather.input[i] = own
             changed = True
         return changed
+
+    def _fold_view(self, node: Any, producers: dict[str, Any]) -> Any:
+        """The value of a Reshape or Transpose of an initializer, or None for anything else."""
+        if node.op_type not in ("Reshape", "Transpose") or node.input[0] not in self.inits:
+            return None
+        array = self.array(node.input[0])
+        if node.op_type == "Transpose":
+            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+            return array.transpose(perm)  # no perm: reversed axes, as numpy's default
+        shape = [int(x) for x in self._constant(node.input[1], producers)]
+        return array.reshape([array.shape[j] if x == 0 else x for j, x in enumerate(shape)])
 
     def _constant(self, name: str, producers: dict[str, Any]) -> Any:
         """The value of an initializer or a Constant node's output."""
@@ -376,7 +386,7 @@ class GraphEditor:
     def finish(self) -> None:
         """Write the new initializers and insert the added nodes in topological order."""
         numpy_helper = self.onnx.numpy_helper
-        used = {name for node in self.graph.node for name in node.input}
+        used = {n for node in self.graph.node if node.name not in self.removed for n in node.input}
         used |= {name for nodes in self.after.values() for x in nodes for name in x.input}
         used |= {name for nodes in self.before.values() for x in nodes for name in x.input}
         keep = [
