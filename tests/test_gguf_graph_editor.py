@@ -100,3 +100,11 @@ def test_split_rows_refuses_a_node_whose_output_is_edited() -> None:
     edit.after[node.name] = [onnx.helper.make_node("Identity", ["logits"], ["y"])]
     with pytest.raises(ExportError, match="cannot split"):
         edit.split_rows(node, max_bytes=K)
+
+
+def test_split_rows_refuses_a_node_with_a_g_idx() -> None:
+    """g_idx maps K, not N, so it cannot be cut into parts along with the rows."""
+    model, node = one_matmul(8)
+    node.input.extend(["", "g_idx"])
+    with pytest.raises(ExportError, match="g_idx"):
+        editor(model).split_rows(node, max_bytes=K)

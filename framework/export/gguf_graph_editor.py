@@ -1,4 +1,6 @@
-"""Edits onnxruntime-genai's builder graph so its MatMulNBits run a GGUF's own blocks.
+"""Edits onnxruntime-genai's builder graphs: the GGUF rewrite's surgery, and the memory
+layout of a fused graph's embedding lookup and LM head (``own_lookup_inputs`` and
+``split_rows``, which ``head_layout`` applies to every fused export).
 
 The driver (``gguf_exact``) decides which GGUF tensor goes to which node; this module does
 the graph surgery: replacing a node's weight, scale and zero-point initializers, adding the
@@ -326,7 +328,9 @@ class GraphEditor:
         if size <= max_bytes:
             return 1
         if node.name in self.after:
-            raise ExportError(f"GGUF rewrite: cannot split {node.name}, nodes read its output")
+            raise ExportError(f"graph edit: cannot split {node.name}, nodes read its output")
+        if len(node.input) > 4 and node.input[4]:  # g_idx runs along K, not N
+            raise ExportError(f"graph edit: cannot split {node.name}, it has a g_idx input")
         # rows per part: as even as the bound allows, rounded up to whole tiles of the
         # kernel, whose remainder path sums in another order (1 ulp off on a tiny model)
         step = -(-n // -(-size // max_bytes))
