@@ -53,12 +53,7 @@ def one_matmul(bits: int) -> tuple[object, object]:
 
 
 def editor(model) -> GraphEditor:  # type: ignore[no-untyped-def]
-    graph = model.graph
-    consumers: dict[str, list] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    return GraphEditor(onnx, graph, {t.name: t for t in graph.initializer}, consumers)
+    return GraphEditor(onnx, model.graph)
 
 
 def run(model, a: np.ndarray) -> np.ndarray:  # type: ignore[no-untyped-def]

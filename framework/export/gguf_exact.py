@@ -140,18 +140,13 @@ def rewrite_with_gguf_weights(
 
     model = onnx.load(str(model_path), load_external_data=True)
     graph = model.graph
-    inits = {t.name: t for t in graph.initializer}
+    edit = GraphEditor(onnx, graph)
+    inits = edit.inits
     if any(name.startswith("gguf_exact/") for name in inits):
         raise ExportError(f"GGUF rewrite: {model_path} was rewritten already; rebuild it first")
     if accuracy_level not in (0, 1, 2, 3, 4):
         raise ExportError(f"GGUF rewrite: accuracy_level must be 0..4, not {accuracy_level}")
     nodes_before = len(graph.node)
-    consumers: dict[str, list[Any]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-
-    edit = GraphEditor(onnx, graph, inits, consumers)
     report: dict[str, Any] = {
         "tensors_rewritten": 0,
         "gguf_tensors_used": 0,

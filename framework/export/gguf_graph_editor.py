@@ -33,11 +33,14 @@ class GraphEditor:
     drop) and applied by ``finish`` in one pass, so node order stays topological.
     """
 
-    def __init__(
-        self, onnx: Any, graph: Any, inits: dict[str, Any], consumers: dict[str, list[Any]]
-    ) -> None:
+    def __init__(self, onnx: Any, graph: Any) -> None:
         self.onnx, self.graph = onnx, graph
-        self.inits, self.consumers = inits, consumers
+        self.inits: dict[str, Any] = {t.name: t for t in graph.initializer}
+        # initializer or tensor name -> the nodes that read it, as the graph came
+        self.consumers: dict[str, list[Any]] = {}
+        for node in graph.node:
+            for name in node.input:
+                self.consumers.setdefault(name, []).append(node)
         self.new_inits: dict[str, Any] = {}
         self.dropped: set[str] = set()
         # Node name -> nodes to insert before / after it (kept in topological order).

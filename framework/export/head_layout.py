@@ -12,9 +12,10 @@ another node reads it. Two things then cost resident memory without changing any
   peak.
 
 So the lookup gets its own copies in the file (paged in only for the rows it reads) and the
-head is computed in parts of at most ``PART_BYTES`` joined by a Concat. On the default
-model: peak RSS 271 -> 247 MB in ``benchmarks/compare.py``, logits bit-identical; on the
-fused int4 graph see docs/benchmarks.md. The cost is disk: the table twice in the folder.
+head is computed in parts of about ``PART_BYTES`` (whole tiles of rows) joined by a Concat.
+On the default model: peak RSS 271 -> 247 MB in ``benchmarks/compare.py``, logits
+bit-identical; on the fused int4 and int8 graphs see docs/benchmarks.md. The cost is disk:
+the table twice in the folder.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from .onnx_files import save_in_place
 
 __all__ = ["PART_BYTES", "lay_out_head"]
 
-#: The largest LM-head part, in bytes of packed weight (the default model's 28 MB Q8_0 head
+#: An LM-head part's size, in bytes of packed weight (the default model's 28 MB Q8_0 head
 #: becomes four parts: peak RSS of its session 236 -> 213 MB).
 PART_BYTES = 8 * 2**20
 
@@ -39,18 +40,16 @@ def lay_out_head(onnx_dir: Path, part_bytes: int = PART_BYTES) -> dict[str, Any]
     nothing copied: the graph was left alone, as for a float head, which is a MatMul).
     """
     import onnx
+    from onnx.external_data_helper import load_external_data_for_model
 
-    model = onnx.load(str(onnx_dir / "model.onnx"), load_external_data=True)
+    # the graph alone first: a float head needs nothing, and its weights are the largest
+    model = onnx.load(str(onnx_dir / "model.onnx"), load_external_data=False)
     graph = model.graph
-    consumers: dict[str, list[Any]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    producers = {out: node for node in graph.node for out in node.output}
-    head = producers.get("logits")
+    head = next((node for node in graph.node if "logits" in node.output), None)
     if head is None or head.op_type != "MatMulNBits":
         return {"head_parts": 1, "lookup_copied": False}
-    edit = GraphEditor(onnx, graph, {t.name: t for t in graph.initializer}, consumers)
+    load_external_data_for_model(model, str(onnx_dir))
+    edit = GraphEditor(onnx, graph)
     copied = False
     lookups = [
         n

@@ -16,7 +16,7 @@ def save_in_place(onnx: Any, model: Any, onnx_dir: Path) -> None:
     onnx appends to an existing external-data file, so the new pair is written into a fresh
     folder under the final names (the graph records the data file's name) and then moved.
     """
-    tmp = Path(tempfile.mkdtemp(prefix=".gguf_exact_", dir=onnx_dir))
+    tmp = Path(tempfile.mkdtemp(prefix=".ortgen_save_", dir=onnx_dir))
     try:
         onnx.save_model(
             model,
