@@ -213,3 +213,85 @@ def test_an_older_ortgen_export_without_the_resolved_file_says_so(tmp_path: Path
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         Tokenizer.from_folder(folder)
+
+
+def _transformers5_folder(root: Path, backend: RustTokenizer, name: str, **changes) -> Path:
+    """A folder as transformers 5 saves its generic class (onnxruntime-genai 0.18's builder
+    writes SmolLM2's this way): ``tokenizer_class`` TokenizersBackend, unset fields as null."""
+    folder = save_folder(root / name, backend)
+    edit_config(folder, tokenizer_class="TokenizersBackend", backend="tokenizers", **changes)
+    return folder
+
+
+def test_a_transformers5_folder_loads_without_importing_transformers4(
+    root: Path, backend: RustTokenizer, monkeypatch: pytest.MonkeyPatch
+):
+    """transformers 4.x cannot read the TokenizersBackend class at all; asking it cost 5-7 s and
+    ~290 MB per load. The folder is read directly, with transformers 5's rules, which differ
+    from 4.57's in the three places checked here (each compared with transformers 5.24 on
+    SmolLM2's folder from onnxruntime-genai 0.18 and edited copies of it):
+    ``add_prefix_space`` in the config leaves the pre-tokenizer alone, ``add_bos_token``
+    adds nothing to a generic class, and ``extra_special_tokens`` may be a list."""
+    from ortgen.text import tokenizer_folder
+
+    def no_transformers(folder: Path):
+        raise AssertionError("transformers was asked about a folder it cannot read")
+
+    monkeypatch.setattr(tokenizer_folder, "_read_with_transformers", no_transformers)
+    folder = _transformers5_folder(
+        root, backend, "v5-generic", add_prefix_space=True, add_bos_token=True
+    )
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg["extra_special_tokens"] = ["<fancy>"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    with pytest.warns(UserWarning, match="written by transformers 5") as caught:
+        tok = Tokenizer.from_folder(folder)
+    assert not any("sets add_prefix_space" in str(w.message) for w in caught)
+    for text in TEXTS:  # as tokenizer.json has it: no leading space, no BOS
+        assert tok.encode(text) == backend.encode(text).ids, text
+    fancy = tok.encode("a <fancy> b")
+    assert tok.token_to_id("<fancy>") == backend.get_vocab_size()  # added, one special token
+    assert tok.token_to_id("<fancy>") in fancy and "<fancy>" in tok.all_special_tokens
+    assert tok.decode(fancy) == "a  b"
+
+
+def test_a_transformers5_folder_goes_to_an_installed_transformers5(
+    root: Path, backend: RustTokenizer, monkeypatch: pytest.MonkeyPatch
+):
+    """With transformers 5 installed, AutoTokenizer reads the folder (the exact way)."""
+    from ortgen.export import manifest
+    from ortgen.text import tokenizer_folder
+
+    asked: list[Path] = []
+
+    def read(folder: Path):
+        asked.append(folder)
+        return None, "transformers 5 stand-in declined"
+
+    monkeypatch.setattr(tokenizer_folder, "_read_with_transformers", read)
+    monkeypatch.setattr(manifest, "tool_versions", lambda: {"transformers": "5.24.0"})
+    folder = _transformers5_folder(root, backend, "v5-installed")
+    with pytest.warns(UserWarning, match="stand-in declined"):
+        Tokenizer.from_folder(folder)
+    assert asked == [folder]
+
+
+def test_add_prefix_space_null_is_unset(
+    root: Path, backend: RustTokenizer, monkeypatch: pytest.MonkeyPatch
+):
+    """``"add_prefix_space": null`` (what transformers 5 writes when it is unset): transformers
+    4.57 fails to rebuild the pre-tokenizer with None and ignores it; so does ortgen, quietly."""
+    folder = save_folder(root / "prefix-null", backend)
+    edit_config(folder, tokenizer_class="GPT2Tokenizer")
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg["add_prefix_space"] = None
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    from ortgen.text.tokenizer_folder import FALLBACK_ENV
+
+    monkeypatch.setenv(FALLBACK_ENV, "best-effort")
+    with pytest.warns(UserWarning, match="read best-effort") as caught:
+        tok = Tokenizer.from_folder(folder)
+    assert [str(w.message) for w in caught if "add_prefix_space" in str(w.message)] == []
+    hf = auto(folder)
+    for text in TEXTS:
+        assert tok.encode(text) == hf(text)["input_ids"], text

@@ -9,6 +9,12 @@ before using it: special tokens from ``tokenizer_config.json`` / ``special_token
 (transformers 4.57) onto a ``tokenizers.Tokenizer``; it cannot follow other tokenizer
 classes, Python-level overrides or a reconversion from a slow (sentencepiece) tokenizer,
 so loading warns, naming what may differ.
+
+A folder written by transformers 5 with its generic class (``TokenizersBackend``, what
+onnxruntime-genai 0.18's builder writes) follows 5.x's rules where they differ from
+4.57's, each checked against transformers 5.24: ``add_prefix_space`` in the config does not
+rewrite the pre-tokenizer, special tokens already in ``tokenizer.json`` are recognised by
+their text (not re-added), and ``extra_special_tokens`` may be a list.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from ..errors import ModelLoadError
 from ..jsonfile import read_json_object
 from .resolved_tokenizer import RESOLVED_FILE, TokenizerFolder, load_backend
 
-__all__ = ["read_best_effort", "token_id"]
+__all__ = ["TOKENIZER_CONFIG_FILE", "V5_GENERIC_CLASS", "read_best_effort", "token_id"]
 
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
@@ -89,6 +95,9 @@ _CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
     },
 }
 
+#: the generic class transformers 5 writes into tokenizer_config.json (4.x has no such class)
+V5_GENERIC_CLASS = "TokenizersBackend"
+
 _ADDED_TOKEN_FIELDS = ("content", "single_word", "lstrip", "rstrip", "normalized", "special")
 
 
@@ -113,10 +122,11 @@ def read_best_effort(folder: Path, *, why: str) -> TokenizerFolder:
 
     class_name = str(cfg.get("tokenizer_class") or "").removesuffix("Fast")
     defaults = _CLASS_DEFAULTS.get(class_name, {})
+    v5 = class_name == V5_GENERIC_CLASS
     warnings.warn(_caveats(folder, cfg, class_name, why), stacklevel=4)
 
-    special_map = _special_tokens_from_config(cfg, defaults)
-    _prepare_backend(backend, cfg, special_map, source=str(cfg_file))
+    special_map = _special_tokens_from_config(cfg, defaults, v5=v5)
+    _prepare_backend(backend, cfg, special_map, source=str(cfg_file), v5=v5)
     flat = _special_map_to_str(special_map)
     if "post" in defaults:
         _update_post_processor(backend, cfg, defaults["post"], flat, source=str(cfg_file))
@@ -138,6 +148,8 @@ def _caveats(folder: Path, cfg: Mapping[str, Any], class_name: str, why: str) ->
         cannot = ["the defaults of the tokenizer class transformers would pick from config.json"]
     elif class_name == "PreTrainedTokenizer":  # the generic class: no defaults to miss
         cannot = []
+    elif class_name == V5_GENERIC_CLASS:  # transformers 5's generic class: none either
+        cannot = ["transformers 5's rules beyond those for special tokens and add_prefix_space"]
     elif class_name in _CLASS_DEFAULTS:
         cannot = [
             f"tokenizer class {class_name}'s defaults beyond its special tokens and BOS/EOS "
@@ -146,7 +158,7 @@ def _caveats(folder: Path, cfg: Mapping[str, Any], class_name: str, why: str) ->
     else:
         cannot = [f"tokenizer class {class_name}'s defaults (ortgen has no table for it)"]
     cannot.append("Python-level changes the class makes to encode/decode")
-    if "add_prefix_space" in cfg:
+    if cfg.get("add_prefix_space") is not None and class_name != V5_GENERIC_CLASS:
         cannot.append(
             "the add_prefix_space rewrite (only pre-tokenizers with an add_prefix_space "
             "field are rewritten; a reconversion from a slow tokenizer is not possible)"
@@ -185,8 +197,11 @@ def _config_added_tokens(cfg: Mapping[str, Any]) -> list[tuple[int, AddedToken]]
     return [(int(idx), tok) for idx, tok in pairs if isinstance(tok, AddedToken)]
 
 
-def _special_tokens_from_config(cfg: dict[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
-    """Special tokens (str / AddedToken) by attribute name, as transformers' __init__ sets them."""
+def _special_tokens_from_config(
+    cfg: dict[str, Any], defaults: Mapping[str, Any], *, v5: bool = False
+) -> dict[str, Any]:
+    """Special tokens (str / AddedToken) by attribute name, as transformers' __init__ sets them
+    (``v5``: transformers 5's generic class, whose ``extra_special_tokens`` may be a list)."""
     added_map = {tok.content: tok for _, tok in _config_added_tokens(cfg)}
     special: dict[str, Any] = {}
     for attr in _SPECIAL_ATTRS:
@@ -201,6 +216,12 @@ def _special_tokens_from_config(cfg: dict[str, Any], defaults: Mapping[str, Any]
     if isinstance(extra, dict):  # transformers 4.57 accepts only the dict form
         for key, value in extra.items():
             special[key] = _as_added_token(value)
+    elif v5 and isinstance(extra, list):  # 5.x: the list replaced additional_special_tokens
+        listed = special["additional_special_tokens"]
+        texts = {_token_str(v) for v in listed}
+        listed.extend(
+            _as_added_token(v) for v in extra if _token_str(_as_added_token(v)) not in texts
+        )
     return special
 
 
@@ -221,8 +242,10 @@ def _prepare_backend(
     special: Mapping[str, Any],
     *,
     source: str,
+    v5: bool = False,
 ) -> None:
-    """Apply to the backend what transformers' PreTrainedTokenizerFast.__init__ applies."""
+    """Apply to the backend what transformers' PreTrainedTokenizerFast.__init__ applies
+    (``v5``: what transformers 5's TokenizersBackend.__init__ applies; see the module)."""
     # Calls without padding/truncation (what tok(text) does) turn both off.
     backend.no_truncation()
     backend.no_padding()
@@ -243,8 +266,14 @@ def _prepare_backend(
         extended.extend(new)
     special_strs = [_token_str(v) for v in extended]
     # A str compares equal to the encoder's strings; an AddedToken never does, so
-    # transformers re-adds those (forcing special=True), as reproduced here.
-    tokens_to_add += [t for t in extended if t not in encoder and t not in tokens_to_add]
+    # transformers 4.57 re-adds those (forcing special=True), as reproduced here; 5.x
+    # compares their text.
+    if v5:
+        tokens_to_add += [
+            t for t in extended if _token_str(t) not in encoder and t not in tokens_to_add
+        ]
+    else:
+        tokens_to_add += [t for t in extended if t not in encoder and t not in tokens_to_add]
 
     final: list[AddedToken] = []
     for tok in tokens_to_add:
@@ -261,8 +290,10 @@ def _prepare_backend(
     # add_prefix_space from the config overrides the pre-tokenizer's, as transformers does.
     # transformers ignores every failure here; only "no pre-tokenizer" and "one without
     # that field" are harmless, so anything else is reported.
+    # transformers 5's generic class leaves the pre-tokenizer alone; None (what 5.x writes
+    # when unset) fails 4.57's rebuild, which it ignores: the pre-tokenizer stays as it is.
     add_prefix_space = cfg.get("add_prefix_space", False)
-    if backend.pre_tokenizer is None:
+    if v5 or add_prefix_space is None or backend.pre_tokenizer is None:
         return
     state = json.loads(backend.pre_tokenizer.__getstate__())
     if state.get("add_prefix_space", add_prefix_space) == add_prefix_space:

@@ -5,7 +5,10 @@
    (:mod:`.resolved_tokenizer`); transformers and torch are never imported.
 2. Any other folder (optimum's, onnxruntime-genai's, hand-made) is resolved by
    transformers' ``AutoTokenizer`` when it is installed: re-implementing its per-class
-   rules is what made ids drift.
+   rules is what made ids drift. Except a folder transformers 5 wrote with its generic
+   class (``"tokenizer_class": "TokenizersBackend"``, as onnxruntime-genai 0.18's builder
+   writes): a transformers 4.x cannot read that class at all, and importing it only to
+   fail cost 5-7 s and ~290 MB of peak memory per load.
 3. Without transformers (or with ``ORTGEN_TOKENIZER_FALLBACK=best-effort``, which keeps a
    process from importing it), :mod:`.tokenizer_best_effort` copies what it knows of
    those rules and warns that ids may differ.
@@ -13,6 +16,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import warnings
@@ -26,7 +30,12 @@ from .resolved_tokenizer import (
     folder_from_transformers,
     read_resolved_folder,
 )
-from .tokenizer_best_effort import read_best_effort, token_id
+from .tokenizer_best_effort import (
+    TOKENIZER_CONFIG_FILE,
+    V5_GENERIC_CLASS,
+    read_best_effort,
+    token_id,
+)
 
 __all__ = [
     "FALLBACK_ENV",
@@ -61,8 +70,35 @@ def read_tokenizer_folder(folder: Path) -> TokenizerFolder:
         )
     if fallback == "best-effort":
         return read_best_effort(folder, why=f"{FALLBACK_ENV}=best-effort keeps transformers out")
+    unreadable = _unreadable_by_installed_transformers(folder)
+    if unreadable:
+        return read_best_effort(folder, why=unreadable)
     found, why = _read_with_transformers(folder)
     return found if found is not None else read_best_effort(folder, why=why)
+
+
+def _unreadable_by_installed_transformers(folder: Path) -> str:
+    """Why transformers' AutoTokenizer cannot read ``folder`` here, found without importing
+    transformers; "" when it may (or when the folder's config cannot tell)."""
+    from ..export.manifest import tool_versions
+
+    config = folder / TOKENIZER_CONFIG_FILE
+    try:
+        tokenizer_class = json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        return ""  # no or unreadable config: transformers decides (and reports)
+    if tokenizer_class != V5_GENERIC_CLASS:
+        return ""
+    installed = tool_versions().get("transformers")
+    if installed is None:
+        return "transformers is not installed"
+    major = installed.split(".", 1)[0]
+    if major.isdigit() and int(major) >= 5:
+        return ""
+    return (
+        f"it was written by transformers 5 (tokenizer_class {V5_GENERIC_CLASS}), which the "
+        f"installed transformers {installed} cannot read"
+    )
 
 
 def _warn_if_exported_before_resolution(folder: Path) -> None:
