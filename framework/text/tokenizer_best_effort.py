@@ -158,6 +158,7 @@ def _caveats(folder: Path, cfg: Mapping[str, Any], class_name: str, why: str) ->
     else:
         cannot = [f"tokenizer class {class_name}'s defaults (ortgen has no table for it)"]
     cannot.append("Python-level changes the class makes to encode/decode")
+    needed = "transformers >= 5" if class_name == V5_GENERIC_CLASS else "transformers"
     if cfg.get("add_prefix_space") is not None and class_name != V5_GENERIC_CLASS:
         cannot.append(
             "the add_prefix_space rewrite (only pre-tokenizers with an add_prefix_space "
@@ -167,7 +168,7 @@ def _caveats(folder: Path, cfg: Mapping[str, Any], class_name: str, why: str) ->
         f"the tokenizer in {folder} was not written by ortgen's export ({RESOLVED_FILE} is "
         f"missing) and {why}; it is read best-effort, which cannot reproduce: "
         f"{'; '.join(cannot)}. Token ids may differ from transformers'. Re-export the "
-        "model with ortgen (or install transformers) to get transformers' exact tokenizer."
+        f"model with ortgen (or install {needed}) to get transformers' exact tokenizer."
     )
 
 
