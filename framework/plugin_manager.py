@@ -8,6 +8,8 @@ at import time, so every caller gets a fresh, independent manager.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Iterable
 from functools import partial
 from types import ModuleType
@@ -38,7 +40,7 @@ def make_plugin_manager(
     for module_name in BUILTIN_PLUGINS:
         if not pm.is_blocked(module_name):
             _register(pm, importlib.import_module(module_name), module_name)
-    if load_entry_points:
+    if load_entry_points and _entry_points_may_exist(ENTRY_POINT_GROUP):
         try:
             pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
         except pluggy.PluginValidationError as exc:
@@ -55,6 +57,41 @@ def make_plugin_manager(
     except pluggy.PluginValidationError as exc:
         raise PluginError(f"plugin {pm.get_name(exc.plugin)!r}: {exc}") from exc
     return pm
+
+
+def _entry_points_may_exist(group: str) -> bool:
+    """False only when no distribution on ``sys.path`` declares an entry point in ``group``.
+
+    pluggy's loader imports ``importlib.metadata`` and parses every distribution's entry
+    points: ~0.09 s of each cold start in a development environment of ~150 packages,
+    spent finding nothing when no plugin package is installed (the usual case). This
+    looks where ``importlib.metadata`` looks (``*.dist-info`` / ``*.egg-info`` folders in
+    each ``sys.path`` entry) for an ``entry_points.txt`` naming the group, in a few ms.
+    It may say True wrongly (the loader then decides exactly), never False wrongly:
+    anything it cannot read as a plain folder (a zip on ``sys.path``, an unreadable
+    file) counts as True.
+    """
+    header = f"[{group}]"
+    for entry in sys.path:
+        try:
+            if os.path.isfile(entry or "."):  # a zip or an egg: only the loader reads those
+                return True
+            names = os.listdir(entry or ".")
+        except OSError:  # a missing sys.path entry holds nothing
+            continue
+        for name in names:
+            if not name.endswith((".dist-info", ".egg-info")):
+                continue
+            path = os.path.join(entry or ".", name, "entry_points.txt")
+            try:
+                with open(path, encoding="utf-8") as file:
+                    if header in file.read():
+                        return True
+            except FileNotFoundError:
+                continue
+            except (OSError, UnicodeDecodeError):
+                return True
+    return False
 
 
 def plugin_name(plugin: object) -> str:

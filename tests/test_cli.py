@@ -274,6 +274,21 @@ def test_console_script_is_installed() -> None:
     assert result.returncode == 0 and "show" in result.stdout
 
 
+def test_one_shot_commands_exit_without_teardown_but_lose_nothing() -> None:
+    """`python -m ortgen.cli` runs the console script's entry, which ends a one-shot
+    command with os._exit (no interpreter teardown): everything written must still arrive,
+    through a pipe, with the command's own exit code; main() itself returns in-process."""
+    from ortgen.cli import main
+
+    shown = run("config", "show", "--set", "top_k=7", "--set", "do_sample=true")
+    assert shown.returncode == 0
+    assert shown.stdout.rstrip().endswith("defaults")  # the table's last line arrived
+    assert "top_k" in shown.stdout and " 7 " in shown.stdout
+    failed = run("config", "show", "--set", "top_k=-1")
+    assert failed.returncode == 2 and "top_k must be >= 0" in failed.stderr
+    assert main(["config", "show", "--set", "top_k=7"]) == 0  # still here: no os._exit
+
+
 # --------------------------------------------------------------------------- broken pipe
 
 
