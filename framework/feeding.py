@@ -87,7 +87,8 @@ class Feeding:
             logits = self._forward_chunk(start, end)
             self.fed = end
             if end == self.length:
-                self._reused[:] = 0  # prefilled: from now on every row's cache is complete
+                if start < self.prompt_length:  # a reused prefix is part of the prompt
+                    self._reused[:] = 0  # prefilled: from now on every row's cache is complete
                 return logits[:, -1, :]
 
     def _forward_chunk(self, start: int, end: int) -> np.ndarray:

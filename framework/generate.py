@@ -399,7 +399,7 @@ class Generation(Feeding):
         for name, criterion in chain.stopping:
             done = self._call("stopping criterion", name, criterion, ids, scores)
             done = check_stop(name, done, ids.shape[0], self.steps)
-            newly = np.flatnonzero(done)
+            newly = done.nonzero()[0]  # done is 1-D (check_stop)
             if rows is not None:
                 newly = rows[newly]
             reason = getattr(criterion, "finish_reason", name)
@@ -434,7 +434,7 @@ class Generation(Feeding):
         if not self._texts:
             return []
         stopped = []
-        for row in np.flatnonzero(active).tolist():
+        for row in active.nonzero()[0].tolist():
             if self._texts[row].push(int(next_ids[row])):
                 stopped.append(row)
         return stopped
