@@ -74,8 +74,8 @@ def _entry_points_may_exist(group: str) -> bool:
     header = f"[{group}]"
     for entry in sys.path:
         try:
-            if os.path.isfile(entry or "."):  # a zip or an egg: only the loader reads those
-                return True
+            if entry.lower().endswith(".egg") or os.path.isfile(entry or "."):
+                return True  # an egg (its EGG-INFO) or a zip: only the loader reads those
             names = os.listdir(entry or ".")
         except OSError:  # a missing sys.path entry holds nothing
             continue

@@ -258,6 +258,12 @@ def test_the_entry_point_pre_scan_never_misses_a_plugin(tmp_path, monkeypatch):
     archive.write_bytes(b"PK\x05\x06" + bytes(18))
     monkeypatch.setattr("sys.path", [str(archive)])
     assert _entry_points_may_exist(ENTRY_POINT_GROUP)
+    egg = tmp_path / "old_plugin-1.0.egg"  # a folder egg keeps its metadata in EGG-INFO
+    (egg / "EGG-INFO").mkdir(parents=True)
+    (egg / "EGG-INFO" / "PKG-INFO").write_text("Metadata-Version: 1.1\nName: old_plugin\n")
+    (egg / "EGG-INFO" / "entry_points.txt").write_text("[ortgen]\nold = old_plugin\n")
+    monkeypatch.setattr("sys.path", [str(egg)])
+    assert found() == ["old"] and _entry_points_may_exist(ENTRY_POINT_GROUP)
 
 
 def test_no_plugin_package_means_no_importlib_metadata_import():
