@@ -48,13 +48,14 @@ def _lookup(graph):  # type: ignore[no-untyped-def]
     return lookup
 
 
-@pytest.mark.parametrize("precision", ["int4", "int8"])
+@pytest.mark.parametrize("precision", ["int4", "int8", "fp32"])
 def test_head_layout_moves_bytes_not_numbers(
     tied_hf: Path, tmp_path: Path, monkeypatch, precision: str
 ) -> None:
     """int4: the builder's shared embedding reads the head's weight through a Reshape and
-    its scales as they are; int8 (onnxruntime's quantiser): a Gather over a Transpose of
-    the head's float weight."""
+    its scales as they are; int8 (onnxruntime's quantiser) and fp32: a Gather over a
+    Transpose of the head's float weight (fp32: the head itself is a float MatMul, cut
+    along its columns)."""
     from ortgen.export import head_layout
 
     with monkeypatch.context() as patch:  # the graph as it comes (pruned head)
@@ -64,12 +65,16 @@ def test_head_layout_moves_bytes_not_numbers(
     producers = {out: node for node in graph.node for out in node.output}
     lookup = _lookup(graph)
     (head,) = [n for n in graph.node if "logits" in n.output]
-    assert head.op_type == "MatMulNBits"
+    assert head.op_type == ("MatMul" if precision == "fp32" else "MatMulNBits")
     view = producers[lookup.input[0]]  # the case the pass is for
-    assert view.op_type == {"int4": "Reshape", "int8": "Transpose"}[precision]
-    sizes = {t.name: int(np.prod(t.dims)) for t in graph.initializer}
-    vocab = next(a.i for a in head.attribute if a.name == "N")
-    part_bytes = sizes[head.input[1]] // vocab * 64  # 64 rows a part
+    assert view.op_type == {"int4": "Reshape", "int8": "Transpose", "fp32": "Transpose"}[precision]
+    dims = {t.name: list(t.dims) for t in graph.initializer}
+    if precision == "fp32":  # a (K, N) float weight
+        vocab = dims[head.input[1]][1]
+        part_bytes = dims[head.input[1]][0] * 4 * 64  # 64 columns a part
+    else:  # packed bytes of N rows
+        vocab = next(a.i for a in head.attribute if a.name == "N")
+        part_bytes = int(np.prod(dims[head.input[1]])) // vocab * 64  # 64 rows a part
 
     laid = tmp_path / "laid"
     shutil.copytree(plain, laid)
@@ -98,14 +103,15 @@ def test_head_layout_moves_bytes_not_numbers(
             np.testing.assert_array_equal(mine, theirs)
 
 
-def test_head_layout_leaves_a_float_head_alone(fused_model_dirs, tmp_path: Path) -> None:
+def test_head_layout_leaves_a_small_untied_float_head_alone(fused_model_dirs, tmp_path: Path):
+    """Nothing shared, nothing above the part size: the file is not rewritten."""
     from ortgen.export.head_layout import lay_out_head
 
     _hf, fp32 = fused_model_dirs["llama"]
     copy = tmp_path / "fp32"
     shutil.copytree(fp32, copy)
     stamp = (copy / "model.onnx").stat().st_mtime_ns
-    assert lay_out_head(copy, part_bytes=1) == {"head_parts": 1, "lookup_copied": False}
+    assert lay_out_head(copy) == {"head_parts": 1, "lookup_copied": False}
     assert (copy / "model.onnx").stat().st_mtime_ns == stamp
 
 

@@ -327,25 +327,14 @@ class GraphEditor:
         """
         weight = node.input[1]
         n = int_attr(node, "N")
-        size = self.array(weight).nbytes
-        if size <= max_bytes:
-            return 1
-        if node.name in self.after:
-            raise ExportError(f"graph edit: cannot split {node.name}, nodes read its output")
-        if len(node.input) > 4 and node.input[4]:  # g_idx runs along K, not N
-            raise ExportError(f"graph edit: cannot split {node.name}, it has a g_idx input")
-        # rows per part: as even as the bound allows, rounded up to whole tiles of the
-        # kernel, whose remainder path sums in another order (1 ulp off on a tiny model)
-        step = -(-n // -(-size // max_bytes))
-        step = min(n, -(-step // _SPLIT_TILE) * _SPLIT_TILE)
+        step = self._part_width(node, n, self.array(weight).nbytes, max_bytes)
         if step == n:
             return 1
+        if len(node.input) > 4 and node.input[4]:  # g_idx runs along K, not N
+            raise ExportError(f"graph edit: cannot split {node.name}, it has a g_idx input")
         activation, inputs = node.input[0], list(node.input[1:])
         arrays = {name: self.array(name) for name in inputs if name}
-        self._own(node, list(arrays))
-        for name in arrays:  # replaced by the parts' own
-            self.new_inits.pop(name, None)
-            self.dropped.add(name)
+        self._hand_to_parts(node, list(arrays))
         out = node.output[0]
         parts: list[str] = []
         added: list[Any] = []
@@ -370,11 +359,70 @@ class GraphEditor:
             target.input.extend([activation, *names])
             target.output.append(parts[-1])
             set_int_attr(self.onnx.helper, target, "N", min(step, n - start))
+        return self._join_parts(node, out, parts, added, "gguf_rows")
+
+    def split_columns(self, node: Any, max_bytes: int) -> int:
+        """``split_rows`` for a float MatMul whose weight is a (K, N) initializer (a float
+        LM head): parts along N of about ``max_bytes``, joined by a Concat; the number of
+        parts. onnxruntime packs a constant MatMul weight at load too (fused fp32: the
+        113 MB head held twice at the load's peak), and each output column is the same dot
+        product over K in either layout (bit-identical logits on the fused fp32 graphs)."""
+        weight = node.input[1]
+        if weight not in self.inits and weight not in self.new_inits:
+            return 1  # a computed weight: nothing to cut at export
+        array = self.array(weight)
+        if array.ndim != 2:
+            return 1
+        n = array.shape[1]
+        step = self._part_width(node, n, array.nbytes, max_bytes)
+        if step == n:
+            return 1
+        self._hand_to_parts(node, [weight])
+        out = node.output[0]
+        parts: list[str] = []
+        added: list[Any] = []
+        for start in range(0, n, step):
+            name = f"{weight}/cols_{start}"
+            self.put(name, np.ascontiguousarray(array[:, start : start + step]))
+            parts.append(f"{out}/cols_{start}")
+            if start == 0:  # the node itself computes the first part
+                node.input[1], node.output[0] = name, parts[-1]
+            else:
+                added.append(
+                    self.onnx.helper.make_node(
+                        "MatMul", [node.input[0], name], [parts[-1]], f"{node.name}/cols_{start}"
+                    )
+                )
+        return self._join_parts(node, out, parts, added, "cols")
+
+    def _hand_to_parts(self, node: Any, names: list[str]) -> None:
+        """``node``'s initializers ``names`` are about to be replaced by its parts' own:
+        refuse if another node reads them, and drop them."""
+        self._own(node, names)
+        for name in names:
+            self.new_inits.pop(name, None)
+            self.dropped.add(name)
+
+    def _join_parts(self, node: Any, out: str, parts: list[str], added: list[Any], tag: str) -> int:
+        """Insert the parts' nodes after ``node`` and a Concat of their outputs into ``out``
+        (along the last axis); the number of parts."""
         joined = self.onnx.helper.make_node(
-            "Concat", parts, [out], f"{node.name}/gguf_rows_concat", axis=-1
+            "Concat", parts, [out], f"{node.name}/{tag}_concat", axis=-1
         )
         self.after.setdefault(node.name, []).extend([*added, joined])
         return len(parts)
+
+    def _part_width(self, node: Any, n: int, size: int, max_bytes: int) -> int:
+        """Rows (or columns) per part for cutting ``node``'s ``size``-byte weight of width
+        ``n`` into parts of about ``max_bytes``: as even as the bound allows, rounded up to
+        whole tiles of the kernels, whose remainder paths sum in another order (1 ulp off
+        on a tiny model); ``n`` when it stays whole."""
+        if size <= max_bytes:
+            return n
+        if node.name in self.after:
+            raise ExportError(f"graph edit: cannot split {node.name}, nodes read its output")
+        step = -(-n // -(-size // max_bytes))
+        return min(n, -(-step // _SPLIT_TILE) * _SPLIT_TILE)
 
     def _gather_8bit(self, gather: Any, inputs: list[str], quantize_axis: int) -> None:
         """Turn ``gather`` (a Gather or GatherBlockQuantized) into an 8-bit

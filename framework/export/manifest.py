@@ -21,8 +21,8 @@ MANIFEST_NAME = "ortgen_manifest.json"
 #: 4: precision ``gguf`` takes its Q4_1 block sums from MatMulNBits rows, and its tied
 #: embedding gathers from the LM head's weight without a Reshape (changed graphs);
 #: 5: fused graphs give the embedding lookup its own table and split a MatMulNBits LM head
-#: in parts (``head_layout``).
-MANIFEST_FORMAT = 5
+#: in parts (``head_layout``); 6: so do fused fp32 graphs (a float MatMul head, cut along N).
+MANIFEST_FORMAT = 6
 TASK = "text-generation-with-past"
 #: The packages whose versions shape an exported graph.
 EXPORT_TOOLS = (
