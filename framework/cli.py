@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import functools
 import json
@@ -488,7 +489,8 @@ def entry() -> NoReturn:
     its answer took 0.08-0.15 s of a ~1.2 s cold start on a 2-core VM (the process start to
     exit that users wait for). The one-shot commands leave nothing to clean up by then: no
     worker processes (``run``), no server (``serve``), no files being written
-    (``export``); their output is flushed, logging shut down, then ``os._exit``.
+    (``export``); ``atexit`` handlers run (logging's shutdown among them), the output is
+    flushed, then ``os._exit``.
     ``main()`` itself returns normally, so it can be called in-process.
     """
     args = build_parser().parse_args()
@@ -505,10 +507,12 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def _exit_now(code: int) -> NoReturn:
-    """End the process at once, after flushing what it wrote (see :func:`entry`)."""
-    logging = sys.modules.get("logging")  # not imported unless something logs: no cost
-    if logging is not None:
-        logging.shutdown()
+    """End the process at once, after flushing what it wrote (see :func:`entry`).
+
+    ``atexit`` handlers still run (a plugin's, logging's shutdown): what is skipped is the
+    interpreter's own teardown, freeing every module and object one by one.
+    """
+    atexit._run_exitfuncs()  # CPython's, as the interpreter calls it at a normal exit
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a reader gone, a stream closed
             stream.flush()

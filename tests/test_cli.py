@@ -287,6 +287,13 @@ def test_one_shot_commands_exit_without_teardown_but_lose_nothing() -> None:
     failed = run("config", "show", "--set", "top_k=-1")
     assert failed.returncode == 2 and "top_k must be >= 0" in failed.stderr
     assert main(["config", "show", "--set", "top_k=7"]) == 0  # still here: no os._exit
+    # atexit handlers (a plugin's, say) still run before the fast exit
+    code = (
+        "import atexit, sys; atexit.register(print, 'handler ran', file=sys.stderr); "
+        "sys.argv = ['ortgen', 'config', 'show']; from ortgen.cli import entry; entry()"
+    )
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert ran.returncode == 0 and "handler ran" in ran.stderr
 
 
 # --------------------------------------------------------------------------- broken pipe
