@@ -241,14 +241,14 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 def cmd_config_show(args: argparse.Namespace) -> int:
     from . import config as config_mod
-    from .paths import default_model_dir
+    from .paths import default_model_dir, has_model_config, not_a_model_folder
     from .pipeline import load_pipeline
 
     pipeline = load_pipeline(args.pipeline) if args.pipeline else None
     model = args.model or (pipeline.model_path() if pipeline else None)
     folder = Path(model) if model else default_model_dir()
-    if not (folder / "config.json").is_file():
-        raise OrtgenError(f"{folder} is not a model folder (it has no config.json)")
+    if not has_model_config(folder):
+        raise OrtgenError(not_a_model_folder(folder))
     layers = [
         *config_mod.model_layers(folder),
         ("pipeline", pipeline.settings if pipeline else {}),

@@ -22,6 +22,21 @@ def models_dir() -> Path:
     return Path.home() / ".cache" / "ortgen" / "models"
 
 
+#: A model folder's config: transformers' ``config.json``, or for a folder made by
+#: onnxruntime-genai's model builder elsewhere, its ``genai_config.json``.
+MODEL_CONFIGS = ("config.json", "genai_config.json")
+
+
+def has_model_config(folder: str | Path) -> bool:
+    """Whether ``folder`` holds a config ortgen can load a model with (see MODEL_CONFIGS)."""
+    return any((Path(folder) / name).is_file() for name in MODEL_CONFIGS)
+
+
+def not_a_model_folder(folder: str | Path) -> str:
+    """The message for a folder without a model config."""
+    return f"{folder} is not a model folder (it has no {' or '.join(MODEL_CONFIGS)})"
+
+
 def default_model_dir() -> Path:
     return models_dir() / DEFAULT_MODEL_NAME
 

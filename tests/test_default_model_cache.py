@@ -85,7 +85,7 @@ def test_a_current_default_model_is_returned_at_once(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("changes", "reason"),
     [
-        ({"format": 1}, "manifest format is 1, this ortgen writes 5"),
+        ({"format": 1}, f"manifest format is 1, this ortgen writes {MANIFEST_FORMAT}"),
         ({"ortgen": "0.0.1"}, f"from ortgen 0.0.1, this is ortgen {ortgen.__version__}"),
         (
             {"variant": {"graph": "optimum", "precision": "fp32", "block_size": 32,

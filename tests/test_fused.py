@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -145,6 +147,16 @@ def test_a_builder_folder_from_elsewhere_loads(fused, tmp_path: Path) -> None:
     out = other.generate(PROMPTS, max_new_tokens=NEW, eos_token_id=None)
     assert out.tokens == [_hf_greedy(hf, p) for p in PROMPTS]
     assert other.resolve_config().config.eos_token_ids == (EOS_ID,)
+    # the CLI's config report takes the folder too (it asked for a config.json before)
+    shown = subprocess.run(
+        [sys.executable, "-m", "ortgen.cli", "config", "show", "-m", str(folder), "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["eos_token_id"] == {
+        "value": EOS_ID,
+        "set_by": "model config.json",
+    }
 
 
 # --------------------------------------------------------------- static cache, optimum graphs

@@ -367,7 +367,9 @@ def test_dry_run_reports_each_bad_line_without_the_model(tmp_path):
     result = cli("run", str(pipeline), "--input", str(source), "--dry-run")
     assert result.returncode == 2, result.stderr
     lines = result.stdout.splitlines()
-    no_model = "model does/not/matter is not a model folder (it has no config.json)"
+    no_model = (
+        "model does/not/matter is not a model folder (it has no config.json or genai_config.json)"
+    )
     assert lines[0] == f"pipeline {pipeline}: {no_model}"
     assert lines[1] == f"input {source}: 4 rows, 3 bad"
     assert lines[2].startswith("  line 2: not valid JSON")

@@ -110,8 +110,13 @@ def is_complete_model_folder(path: str | Path) -> bool:
     someone else put there, or one an interrupted export left.
     """
     path = Path(path)
-    has_config = (path / "config.json").is_file() or (path / "genai_config.json").is_file()
-    return (path / "model.onnx").is_file() and has_config and read_manifest(path) is not None
+    from ..paths import has_model_config
+
+    return (
+        (path / "model.onnx").is_file()
+        and has_model_config(path)
+        and read_manifest(path) is not None
+    )
 
 
 def stale_reason(

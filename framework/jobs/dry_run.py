@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import config as config_mod
+from ..paths import has_model_config, not_a_model_folder
 from ..pipeline import Pipeline
 from . import check_input
 from .ray_engine import RAY_MISSING, ray_available
@@ -40,8 +41,8 @@ def dry_run(
     if engine == "ray" and not ray_available():
         problems.append(RAY_MISSING)
     model = model or pipeline.model_path()
-    if model is not None and not (Path(model) / "config.json").is_file():
-        problems.append(f"model {model} is not a model folder (it has no config.json)")
+    if model is not None and not has_model_config(model):
+        problems.append(f"model {not_a_model_folder(model)}")
     report = check_input(input_path, check_settings)
     where = pipeline.path or "pipeline"
     bad = report.problems
