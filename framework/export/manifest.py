@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..paths import has_model_config
+
 MANIFEST_NAME = "ortgen_manifest.json"
 #: 1: first release (no ortgen version, no variant); 2: ortgen version and variant;
 #: 3: the tokenizer resolved at export (ortgen_tokenizer.json), so older folders rebuild;
@@ -110,8 +112,6 @@ def is_complete_model_folder(path: str | Path) -> bool:
     someone else put there, or one an interrupted export left.
     """
     path = Path(path)
-    from ..paths import has_model_config
-
     return (
         (path / "model.onnx").is_file()
         and has_model_config(path)
