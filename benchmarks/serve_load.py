@@ -41,9 +41,12 @@ QUESTIONS = [
 
 
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
-    """``ortgen serve --port 0`` with room for the highest level; its URL from stdout."""
+    """``ortgen serve --port 0`` with room for the highest level (and for the goals' 8
+    requests at once: with ``--goals --levels 1`` a one-row server ran them one by one);
+    its URL from stdout."""
+    rows = max([*args.levels, 8] if args.goals else args.levels)
     command = [sys.executable, "-m", "ortgen.cli", "serve", "--port", "0"]
-    command += ["--max-batch", str(max(args.levels)), "--max-queue", "256"]
+    command += ["--max-batch", str(rows), "--max-queue", "256"]
     if args.model:
         command += ["--model", args.model]
     if args.threads:
