@@ -158,3 +158,38 @@ def test_stop_string_completed_by_the_final_flush_is_found(cleanup_pair):
     assert "say n" not in row.text
     assert row.close() == "I "
     assert row.stopped and row.take() == "I "
+
+
+def test_without_stop_strings_text_is_decoded_when_read(pair, monkeypatch):
+    """Nothing in the loop needs a row's text as it grows when no stop string can end it,
+    so push() only notes the token and reading decodes what is pending (it saved cold
+    code after every forward). The text is the one decoding as it came gives: the same as
+    a row whose stop string never matches, which decodes at every push."""
+    from ortgen.text.detokenizer import IncrementalDetokenizer
+
+    tok, _ = pair
+    ids = tok.encode("The fox jumps 🙂 over 東京, twice.\n\nThe end", add_special_tokens=False)
+    decoded: list[int] = []
+    push = IncrementalDetokenizer.push
+
+    def counted(self, token):  # type: ignore[no-untyped-def]
+        decoded.append(token)
+        return push(self, token)
+
+    monkeypatch.setattr(IncrementalDetokenizer, "push", counted)
+    lazy, eager = RowText(tok), RowText(tok, ["never-in-this-text"])
+    half = len(ids) // 2
+    for tid in ids[:half]:
+        assert not lazy.push(tid)
+    assert decoded == []  # pushed, not decoded
+    shown = lazy.take()  # read: decoded once, in order
+    assert decoded == ids[:half]
+    assert tok.decode(ids[:half]).startswith(shown)  # a partial character may be held back
+    for tid in ids[half:]:
+        lazy.push(tid)
+    for tid in ids:
+        eager.push(tid)
+    lazy.close()
+    shown += lazy.take()
+    assert shown == lazy.text == eager.close() == tok.decode(ids)
+    assert len(lazy) == len(eager)
