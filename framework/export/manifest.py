@@ -11,10 +11,10 @@ import datetime as _dt
 import json
 import os
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
+from ..installed import metadata_folders
 from ..paths import has_model_config
 
 MANIFEST_NAME = "ortgen_manifest.json"
@@ -48,24 +48,19 @@ def ortgen_version() -> str:
 def tool_versions() -> dict[str, str | None]:
     """Installed versions of the export stack (None: not installed).
 
-    Read from the ``NAME-VERSION.dist-info`` folder names on ``sys.path``, as
-    importlib.metadata finds them, without importing importlib.metadata (≈0.1 s, paid by
-    every load of the default model, which checks this).
+    Read from the ``NAME-VERSION.dist-info`` folder names on ``sys.path``
+    (``ortgen.installed``), without importing importlib.metadata (≈0.1 s, paid by every
+    load of the default model, which checks this).
     """
     wanted = {_normalise(name): name for name in EXPORT_TOOLS}
     versions: dict[str, str | None] = dict.fromkeys(EXPORT_TOOLS)
-    for entry in sys.path:
-        try:
-            names = os.listdir(entry or ".")
-        except OSError:
+    for folder in metadata_folders():
+        match = _DIST_INFO.match(os.path.basename(folder)) if folder is not None else None
+        if match is None:
             continue
-        for folder in names:
-            match = _DIST_INFO.match(folder)
-            if match is None:
-                continue
-            name = wanted.get(_normalise(match.group(1)))
-            if name is not None and versions[name] is None:
-                versions[name] = match.group(2)
+        name = wanted.get(_normalise(match.group(1)))
+        if name is not None and versions[name] is None:
+            versions[name] = match.group(2)
     return versions
 
 

@@ -144,11 +144,12 @@ def read_best_effort(folder: Path, *, why: str) -> TokenizerFolder:
 
 def _caveats(folder: Path, cfg: Mapping[str, Any], class_name: str, why: str) -> str:
     """The warning of a best-effort load: what it cannot reproduce for this folder."""
+    v5 = class_name == V5_GENERIC_CLASS
     if not class_name:
         cannot = ["the defaults of the tokenizer class transformers would pick from config.json"]
     elif class_name == "PreTrainedTokenizer":  # the generic class: no defaults to miss
         cannot = []
-    elif class_name == V5_GENERIC_CLASS:  # transformers 5's generic class: none either
+    elif v5:  # transformers 5's generic class: none either
         cannot = ["transformers 5's rules beyond those for special tokens and add_prefix_space"]
     elif class_name in _CLASS_DEFAULTS:
         cannot = [
@@ -158,8 +159,8 @@ def _caveats(folder: Path, cfg: Mapping[str, Any], class_name: str, why: str) ->
     else:
         cannot = [f"tokenizer class {class_name}'s defaults (ortgen has no table for it)"]
     cannot.append("Python-level changes the class makes to encode/decode")
-    needed = "transformers >= 5" if class_name == V5_GENERIC_CLASS else "transformers"
-    if cfg.get("add_prefix_space") is not None and class_name != V5_GENERIC_CLASS:
+    needed = "transformers >= 5" if v5 else "transformers"
+    if cfg.get("add_prefix_space") is not None and not v5:
         cannot.append(
             "the add_prefix_space rewrite (only pre-tokenizers with an add_prefix_space "
             "field are rewritten; a reconversion from a slow tokenizer is not possible)"
@@ -220,9 +221,8 @@ def _special_tokens_from_config(
     elif v5 and isinstance(extra, list):  # 5.x: the list replaced additional_special_tokens
         listed = special["additional_special_tokens"]
         texts = {_token_str(v) for v in listed}
-        listed.extend(
-            _as_added_token(v) for v in extra if _token_str(_as_added_token(v)) not in texts
-        )
+        extras = [_as_added_token(v) for v in extra]
+        listed.extend(v for v in extras if _token_str(v) not in texts)
     return special
 
 
