@@ -39,8 +39,12 @@ SETTINGS = {
     "top_n_sigma + xtc": dict(
         do_sample=True, top_k=0, top_n_sigma=1.0, xtc_probability=0.5, xtc_threshold=0.1
     ),
+    "top_k 40 + top_n_sigma + xtc": dict(
+        do_sample=True, top_k=40, top_n_sigma=1.0, xtc_probability=0.5, xtc_threshold=0.1
+    ),
     "typical_p": dict(do_sample=True, top_k=0, typical_p=0.9),
     "mirostat v2": dict(do_sample=True, top_k=0, mirostat=2),
+    "mirostat v2 after top_k 50": dict(do_sample=True, mirostat=2),
 }
 
 

@@ -18,6 +18,7 @@ Every processor returns a new float32 array and leaves its inputs alone.
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ortgen import ComponentError, ConfigError, GenerationContext, hookimpl
+from ortgen import Candidates, ComponentError, ConfigError, GenerationContext, hookimpl
 from ortgen.plugins._args import as_float, is_int
 from ortgen.plugins.samplers import MultinomialSampler, _unusable_rows
 
@@ -296,7 +297,7 @@ class TopNSigmaProcessor:
     not ``-inf``. Because max and std scale together, a temperature applied before
     it does not change which tokens survive. ``n <= 0`` is llama.cpp's "off" and
     gives a copy; a row with a NaN or ``+inf`` is left alone (its threshold is NaN,
-    as in llama.cpp).
+    as in llama.cpp). After top-k it works on the candidates alone (``sparse``).
     """
 
     def __init__(self, n: float) -> None:
@@ -306,17 +307,46 @@ class TopNSigmaProcessor:
         out = np.array(scores, dtype=np.float32)
         if self.n <= 0.0 or out.shape[1] <= 1:
             return out
-        present = out != _NEG_INF
-        count = present.sum(axis=1)
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            values = np.where(present, out, 0.0).astype(np.float64)
-            mean = values.sum(axis=1) / np.maximum(count, 1)
-            spread = np.where(present, values - mean[:, None], 0.0)
-            std = np.sqrt((spread * spread).sum(axis=1) / np.maximum(count, 1))
-            top = np.where(present, out, _NEG_INF).max(axis=1)
-            threshold = top - np.float32(self.n) * std.astype(np.float32)
-            out[out < threshold[:, None]] = _NEG_INF
+        out[out < self._thresholds(out)] = _NEG_INF
         return out
+
+    def sparse(self, input_ids: np.ndarray, scores: np.ndarray | Candidates) -> Candidates | None:
+        """The same cut on candidates (the statistics cover the same scores)."""
+        if not isinstance(scores, Candidates):
+            return None
+        if self.n <= 0.0 or scores.vocab <= 1:
+            return scores
+        return scores.keep(scores.packed < self._thresholds(scores.packed))
+
+    def _thresholds(self, rows: np.ndarray) -> np.ndarray:
+        """Each row's ``max - n * std`` over its scores that are not ``-inf`` (B, 1).
+
+        The sums run over those scores alone, in token order, so a row gives the same
+        threshold dense and packed (zeros in their place would change how numpy's
+        pairwise sum groups them, and with it the last bits).
+        """
+        n = np.float32(self.n)
+        out = np.empty((rows.shape[0], 1), dtype=np.float32)
+        for index, row in enumerate(rows):
+            values = present_values(row)
+            top = float(values.max()) if values.size else -math.inf
+            if not math.isfinite(top):  # NaN or +inf: left alone; nothing left: nothing to cut
+                out[index] = np.nan if top != -math.inf else -np.inf
+                continue
+            wide = values.astype(np.float64)
+            mean = wide.sum() / values.size
+            wide -= mean
+            wide *= wide
+            std = math.sqrt(wide.sum() / values.size)
+            out[index] = np.float32(top) - n * np.float32(std)
+        return out
+
+
+def present_values(row: np.ndarray) -> np.ndarray:
+    """The scores of one row that are not ``-inf``, in token order (the row itself when
+    all are: a 49,152-wide copy for nothing costs more than the count)."""
+    present = row != _NEG_INF
+    return row if np.count_nonzero(present) == row.size else row[present]
 
 
 # --- XTC -------------------------------------------------------------------------------
@@ -364,37 +394,68 @@ class XtcProcessor:
         out = np.array(scores, dtype=np.float32)
         if self.probability <= 0.0 or self.threshold > 0.5:
             return out
-        batch, vocab = out.shape
-        chance = self._rng.random(batch, dtype=np.float32)
-        present = out != _NEG_INF
-        size = present.sum(axis=1)
-        top = out.max(axis=1, keepdims=True)
-        with np.errstate(invalid="ignore", over="ignore"):
-            weights = np.exp(out - top)
-            total = weights.sum(axis=1, keepdims=True, dtype=np.float64)
-            probs = (weights / total).astype(np.float32)
-        above = present & (probs >= np.float32(self.threshold))  # llama.cpp: float compare
-        pos_last = np.maximum(above.sum(axis=1) - 1, 0)
-        apply = (
-            np.isfinite(top[:, 0])
-            & (chance <= self.probability)
-            & (size >= 2)
-            & (pos_last > 0)
-            & (size - pos_last >= self.min_tokens_to_keep)
-        )
-        if not apply.any():
-            return out
-        # the least probable token above the threshold stays (ties: the highest id)
-        lowest = np.where(above, out, np.inf).min(axis=1, keepdims=True)
-        tied = above & (out == lowest)
-        kept = vocab - 1 - np.argmax(tied[:, ::-1], axis=1)
-        remove = above & apply[:, None]
-        remove[np.arange(batch), kept] = False
-        out[remove] = _NEG_INF
+        for row, removed in self._cuts(out):
+            out[row, removed] = _NEG_INF
         return out
 
+    def sparse(self, input_ids: np.ndarray, scores: np.ndarray | Candidates) -> Candidates | None:
+        """The same cut on candidates (the same draw from the same stream)."""
+        if not isinstance(scores, Candidates):
+            return None
+        if self.probability <= 0.0 or self.threshold > 0.5:
+            return scores
+        cuts = self._cuts(scores.packed)
+        if not cuts:
+            return scores
+        remove = np.zeros(scores.packed.shape, dtype=bool)
+        for row, removed in cuts:
+            remove[row, removed] = True
+        return scores.keep(remove)
 
-# --- mirostat v2 --------------------------------------------------------------------
+    def _cuts(self, rows: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """(row, the columns it loses) for each row XTC cuts this time.
+
+        One float32 draw per row and call, cut or not. Probabilities come from the
+        row's scores that are not ``-inf`` (so dense and packed rows agree to the bit):
+        float32 weights, a float64 total, each quotient rounded to float32 and compared
+        in float32 as llama.cpp does. Only the weights within a hair of ``threshold *
+        total`` are divided: on a full row that is a few dozen, not 49,152.
+        """
+        chance = self._rng.random(rows.shape[0], dtype=np.float32)
+        threshold = np.float32(self.threshold)
+        cuts = []
+        for index, row in enumerate(rows):
+            if chance[index] > self.probability:
+                continue
+            values = present_values(row)
+            size = values.size
+            top = float(values.max()) if size else math.nan
+            if size < 2 or not math.isfinite(top):
+                continue
+            weights = np.exp(values - np.float32(top))
+            total = weights.sum(dtype=np.float64)  # a float64 scalar: quotients in float64
+            # float32(w / total) >= threshold needs w >= threshold * total * (1 - 2**-24):
+            # 1e-6 of slack keeps every such weight (the exact test below decides)
+            floor = _float32_at_most(self.threshold * float(total) * (1 - 1e-6))
+            near = np.flatnonzero(weights >= floor)
+            above = near[(weights[near] / total).astype(np.float32) >= threshold]
+            pos_last = max(above.size - 1, 0)
+            if pos_last == 0 or size - pos_last < self.min_tokens_to_keep:
+                continue
+            # the least probable token above the threshold stays (ties: the highest id)
+            chosen = values[above]
+            kept = above[np.flatnonzero(chosen == chosen.min())[-1]]
+            removed = above[above != kept]
+            if size != row.size:  # positions among the present scores -> columns
+                removed = np.flatnonzero(row != _NEG_INF)[removed]
+            cuts.append((index, removed))
+        return cuts
+
+
+def _float32_at_most(value: float) -> np.float32:
+    """The largest float32 that is <= ``value`` (numpy rounds a float to the nearest)."""
+    rounded = np.float32(value)
+    return np.nextafter(rounded, _NEG_INF) if float(rounded) > value else rounded
 
 
 class MirostatV2Sampler:
@@ -417,25 +478,45 @@ class MirostatV2Sampler:
         if not self.eta > 0:
             raise ConfigError(f"mirostat `eta` has to be a float > 0, but is {eta!r}")
         self.seed = ctx.seed
-        self._draw = MultinomialSampler(ctx=ctx)
+        self._multinomial = MultinomialSampler(ctx=ctx)
         #: per-row target surprise; created at the first call (one entry per row)
         self.mu: np.ndarray | None = None
 
     def distribution(self, scores: np.ndarray, mu: np.ndarray) -> np.ndarray:
-        """The scores mirostat v2 samples from at ``mu`` (B,): the truncated row, -inf elsewhere."""
+        """The scores mirostat v2 samples from at ``mu`` (B,): the truncated row, -inf elsewhere.
+
+        Per row, over its scores that are not ``-inf`` (so a row packed after top-k
+        gives the same bits as the dense row; the float32 total is summed over them
+        alone, in token order).
+        """
         scores = np.asarray(scores, dtype=np.float32)
-        top = scores.max(axis=1, keepdims=True)
+        out = np.full(scores.shape, _NEG_INF, dtype=np.float32)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            weights = np.exp(scores - top)
-            probs = (weights / weights.sum(axis=1, keepdims=True)).astype(np.float32)
-            keep = -np.log2(probs) <= mu[:, None]
-        keep[np.arange(scores.shape[0]), np.argmax(scores, axis=1)] = True  # size 0 -> 1
-        return np.where(keep, scores, _NEG_INF)
+            for row, (values, columns) in enumerate(map(_present, scores)):
+                weights = np.exp(values - values.max())
+                keep = -np.log2(weights / weights.sum()) <= mu[row]
+                keep[np.argmax(values)] = True  # size 0 -> 1
+                out[row, columns] = np.where(keep, values, _NEG_INF)
+        return out
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
         scores = np.asarray(scores, dtype=np.float32)
-        batch = scores.shape[0]
         _unusable_rows("mirostat_v2", scores.max(axis=-1))
+        truncated = self.distribution(scores, self._mu(scores.shape[0]))
+        picked = self._multinomial(input_ids, truncated)
+        self._update(truncated, picked)
+        return picked
+
+    def sparse(self, input_ids: np.ndarray, scores: Candidates) -> np.ndarray:
+        """The same step on candidates: the same truncation, draw and update of ``mu``."""
+        packed = scores.packed
+        _unusable_rows("mirostat_v2", packed.max(axis=-1))  # packing drops only -inf
+        truncated = self.distribution(packed, self._mu(packed.shape[0]))
+        columns = self._multinomial.draw_columns(truncated)
+        self._update(truncated, columns)
+        return scores.token_ids(columns)
+
+    def _mu(self, batch: int) -> np.ndarray:
         if self.mu is None:
             self.mu = np.full(batch, np.float32(2.0 * self.tau), dtype=np.float32)
         elif self.mu.shape[0] != batch:
@@ -443,14 +524,24 @@ class MirostatV2Sampler:
                 f"sampler 'mirostat_v2': the batch changed from {self.mu.shape[0]} to {batch} "
                 "rows, but mirostat keeps one state per row"
             )
-        truncated = self.distribution(scores, self.mu)
-        picked = self._draw(input_ids, truncated)
-        rows = np.arange(batch)
-        top = truncated.max(axis=1)
-        total = np.exp(truncated - top[:, None]).sum(axis=1)
-        prob = np.exp(truncated[rows, picked] - top) / total
-        surprise = -np.log2(prob.astype(np.float32))
+        return self.mu
+
+    def _update(self, truncated: np.ndarray, picked: np.ndarray) -> None:
+        """``mu -= eta * (surprise of the picked token under the truncated row - tau)``."""
+        prob = np.empty(truncated.shape[0], dtype=np.float32)
+        for row, (values, _) in enumerate(map(_present, truncated)):
+            top = values.max()
+            prob[row] = np.exp(truncated[row, picked[row]] - top) / np.exp(values - top).sum()
+        surprise = -np.log2(prob)
         self.mu = (self.mu - np.float32(self.eta) * (surprise - np.float32(self.tau))).astype(
             np.float32
         )
-        return picked
+
+
+def _present(row: np.ndarray) -> tuple[np.ndarray, np.ndarray | slice]:
+    """One row's scores that are not ``-inf`` and where they are (``slice(None)``: all)."""
+    present = row != _NEG_INF
+    if np.count_nonzero(present) == row.size:
+        return row, slice(None)
+    columns = np.flatnonzero(present)
+    return row[columns], columns

@@ -105,15 +105,17 @@ class MultinomialSampler:
         scores = np.asarray(scores, dtype=np.float32)
         present = Candidates.find(scores)
         if present is None:
-            return self._draw(scores)
+            return self.draw_columns(scores)
         # Few possible tokens (after top-k, say): draw among those alone.
-        return present.token_ids(self._draw(present.packed))
+        return present.token_ids(self.draw_columns(present.packed))
 
     def sparse(self, input_ids: np.ndarray, scores: Candidates) -> np.ndarray:
         """The same draw among candidates (see the class docstring)."""
-        return scores.token_ids(self._draw(scores.packed))
+        return scores.token_ids(self.draw_columns(scores.packed))
 
-    def _draw(self, scores: np.ndarray) -> np.ndarray:
+    def draw_columns(self, scores: np.ndarray) -> np.ndarray:
+        """One column per row of ``scores`` (B, W), drawn from its softmax: the draw
+        itself, for a sampler that truncates first (mirostat) and maps columns itself."""
         if scores.shape[0] == 1 and scores.shape[1] <= _FEW:
             picked = self._draw_few(scores[0])
             if picked is not None:

@@ -11,6 +11,7 @@ import pytest
 import ortgen
 from ortgen import Candidates, ComponentError, hookimpl
 from ortgen.plugins import constraints as C
+from ortgen.plugins import llamacpp as L
 from ortgen.plugins import processors as P
 from ortgen.plugins import samplers as S
 from ortgen.testing import make_context
@@ -104,6 +105,8 @@ PROCESSORS = {
     "min_p keep": lambda: P.MinPProcessor(0.5, min_tokens_to_keep=3),
     "typical_p": lambda: P.TypicalPProcessor(0.9),
     "typical_p keep": lambda: P.TypicalPProcessor(0.5, min_tokens_to_keep=2),
+    "top_n_sigma": lambda: L.TopNSigmaProcessor(1.0),
+    "top_n_sigma wide": lambda: L.TopNSigmaProcessor(3.0),
 }
 
 
@@ -118,6 +121,24 @@ def test_sparse_processors_equal_their_dense_call(name):
         assert isinstance(got, Candidates)
         assert_same(got.dense(), expected)
         assert_same(found.dense(), dense)  # the input is left alone
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.05, 0.1, 0.3])
+def test_sparse_xtc_draws_and_cuts_as_its_dense_call(threshold):
+    """Two XTCs seeded alike, one called dense and one on candidates, call after call:
+    the same draws (one per row and call) and the same cuts."""
+    ctx = make_context(batch_size=3, seed=5)
+    dense_xtc, sparse_xtc = (L.XtcProcessor(0.7, threshold, ctx=ctx) for _ in range(2))
+    cut = 0
+    for _ in range(3):
+        for found in _candidate_inputs():
+            dense = found.dense()
+            with np.errstate(invalid="ignore", over="ignore"):
+                expected = dense_xtc(IDS, dense)
+            got = sparse_xtc.sparse(IDS, found)
+            assert_same(got.dense(), expected)
+            cut += int((np.isfinite(expected) != np.isfinite(dense)).any())
+    assert cut  # some calls removed tokens
 
 
 def test_top_k_leaves_candidates_from_dense_scores_only_when_few():
@@ -142,11 +163,26 @@ def test_sparse_samplers_pick_what_they_pick_on_dense_scores(sampler):
         np.testing.assert_array_equal(sparse_sampler.sparse(IDS, found), dense_sampler(IDS, dense))
 
 
+def test_sparse_mirostat_picks_and_steers_as_its_dense_call():
+    """Mirostat keeps a target surprise per row: the candidates give the same picks and
+    the same ``mu``, bit for bit, step after step."""
+    ctx = make_context(batch_size=3, vocab_size=2048, seed=7)
+    dense_sampler, sparse_sampler = (L.MirostatV2Sampler(3.0, 0.3, ctx=ctx) for _ in range(2))
+    for seed in range(40):
+        found = P.TopKProcessor(30).sparse(IDS, _logits(3, 2048, 200 + seed))
+        picked = sparse_sampler.sparse(IDS, found)
+        np.testing.assert_array_equal(picked, dense_sampler(IDS, found.dense()))
+        np.testing.assert_array_equal(sparse_sampler.mu, dense_sampler.mu)
+    assert len(np.unique(sparse_sampler.mu)) == 3  # the rows steer apart
+
+
 def test_sparse_samplers_refuse_rows_with_nothing_to_pick():
     scores = np.full((2, 300), -np.inf, np.float32)
     scores[0, 4] = 1.0
     found = Candidates.find(scores)
-    for sampler in (S.GreedySampler(), S.MultinomialSampler(ctx=make_context(batch_size=2))):
+    ctx = make_context(batch_size=2)
+    samplers = (S.GreedySampler(), S.MultinomialSampler(ctx=ctx), L.MirostatV2Sampler(ctx=ctx))
+    for sampler in samplers:
         with pytest.raises(ComponentError, match="row 1 are all -inf"):
             sampler.sparse(IDS, found)
 
@@ -162,6 +198,9 @@ def _without_sparse(monkeypatch) -> None:
         P.TopPProcessor,
         P.MinPProcessor,
         P.TypicalPProcessor,
+        L.TopNSigmaProcessor,
+        L.XtcProcessor,
+        L.MirostatV2Sampler,
         S.GreedySampler,
         S.MultinomialSampler,
     ]
@@ -175,9 +214,10 @@ def _without_sparse(monkeypatch) -> None:
         CHAT,
         dict(CHAT, top_p=1.0, min_p=0.1),
         dict(CHAT, typical_p=0.8),
+        dict(CHAT, top_n_sigma=1.0, xtc_probability=0.5, xtc_threshold=0.05),
         dict(do_sample=True, top_k=5),
     ],
-    ids=["chat", "min_p", "typical", "top_k"],
+    ids=["chat", "min_p", "typical", "llama.cpp", "top_k"],
 )
 def test_the_loop_gives_the_same_tokens_and_logprobs_either_way(
     tiny_llama_gen, monkeypatch, settings
@@ -329,7 +369,7 @@ def test_a_draw_from_a_short_row_equals_the_general_draw():
             row = (rng.standard_normal((1, width)) * 3).astype(np.float32)
             row[0, rng.random(width) < 0.2] = -np.inf
             row[0, rng.integers(0, width)] = 0.0  # at least one finite score
-            np.testing.assert_array_equal(few._draw(row), rows._draw_rows(row))
+            np.testing.assert_array_equal(few.draw_columns(row), rows._draw_rows(row))
     # the streams stayed in step: the next draws agree too
     assert few._rng.random() == rows._rng.random()
 
