@@ -287,6 +287,22 @@ def _suffix_repeats(context: np.ndarray, cap: np.ndarray) -> np.ndarray:
     return out
 
 
+def _present(row: np.ndarray) -> tuple[np.ndarray, np.ndarray | slice]:
+    """One row's scores that are not ``-inf``, in token order, and their columns.
+
+    Top-nσ, XTC and mirostat compute their sums over these alone, so that a row gives
+    the same bits dense and packed after top-k (zeros in place of the others would
+    change how numpy's pairwise sum groups the rest). A full row is returned as is
+    with ``slice(None)`` for its columns (a 49,152-wide copy and index for nothing cost
+    more than the count).
+    """
+    present = row != _NEG_INF
+    if np.count_nonzero(present) == row.size:
+        return row, slice(None)
+    columns = np.flatnonzero(present)
+    return row[columns], columns
+
+
 # --- top-n-sigma ----------------------------------------------------------------------
 
 
@@ -319,16 +335,12 @@ class TopNSigmaProcessor:
         return scores.keep(scores.packed < self._thresholds(scores.packed))
 
     def _thresholds(self, rows: np.ndarray) -> np.ndarray:
-        """Each row's ``max - n * std`` over its scores that are not ``-inf`` (B, 1).
-
-        The sums run over those scores alone, in token order, so a row gives the same
-        threshold dense and packed (zeros in their place would change how numpy's
-        pairwise sum groups them, and with it the last bits).
-        """
+        """Each row's ``max - n * std`` over its scores that are not ``-inf`` (B, 1),
+        summed over those alone (see ``_present``)."""
         n = np.float32(self.n)
         out = np.empty((rows.shape[0], 1), dtype=np.float32)
         for index, row in enumerate(rows):
-            values = present_values(row)
+            values, _ = _present(row)
             top = float(values.max()) if values.size else -math.inf
             if not math.isfinite(top):  # NaN or +inf: left alone; nothing left: nothing to cut
                 out[index] = np.nan if top != -math.inf else -np.inf
@@ -340,13 +352,6 @@ class TopNSigmaProcessor:
             std = math.sqrt(wide.sum() / values.size)
             out[index] = np.float32(top) - n * np.float32(std)
         return out
-
-
-def present_values(row: np.ndarray) -> np.ndarray:
-    """The scores of one row that are not ``-inf``, in token order (the row itself when
-    all are: a 49,152-wide copy for nothing costs more than the count)."""
-    present = row != _NEG_INF
-    return row if np.count_nonzero(present) == row.size else row[present]
 
 
 # --- XTC -------------------------------------------------------------------------------
@@ -427,7 +432,7 @@ class XtcProcessor:
         for index, row in enumerate(rows):
             if chance[index] > self.probability:
                 continue
-            values = present_values(row)
+            values, columns = _present(row)
             size = values.size
             top = float(values.max()) if size else math.nan
             if size < 2 or not math.isfinite(top):
@@ -445,10 +450,8 @@ class XtcProcessor:
             # the least probable token above the threshold stays (ties: the highest id)
             chosen = values[above]
             kept = above[np.flatnonzero(chosen == chosen.min())[-1]]
-            removed = above[above != kept]
-            if size != row.size:  # positions among the present scores -> columns
-                removed = np.flatnonzero(row != _NEG_INF)[removed]
-            cuts.append((index, removed))
+            removed = above[above != kept]  # positions among the present scores
+            cuts.append((index, removed if isinstance(columns, slice) else columns[removed]))
         return cuts
 
 
@@ -536,12 +539,3 @@ class MirostatV2Sampler:
         self.mu = (self.mu - np.float32(self.eta) * (surprise - np.float32(self.tau))).astype(
             np.float32
         )
-
-
-def _present(row: np.ndarray) -> tuple[np.ndarray, np.ndarray | slice]:
-    """One row's scores that are not ``-inf`` and where they are (``slice(None)``: all)."""
-    present = row != _NEG_INF
-    if np.count_nonzero(present) == row.size:
-        return row, slice(None)
-    columns = np.flatnonzero(present)
-    return row[columns], columns
