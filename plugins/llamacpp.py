@@ -490,16 +490,24 @@ class MirostatV2Sampler:
 
         Per row, over its scores that are not ``-inf`` (so a row packed after top-k
         gives the same bits as the dense row; the float32 total is summed over them
-        alone, in token order).
+        alone, in token order). A token stays when ``-log2(w / total) <= mu``, which
+        needs ``w >= total * 2**-mu``: only the weights within 1e-4 of that (far more
+        than a float32 quotient and log2 can be off by) are divided and tested, so a
+        full row costs one exp, one sum and one comparison, not a log per token.
         """
         scores = np.asarray(scores, dtype=np.float32)
         out = np.full(scores.shape, _NEG_INF, dtype=np.float32)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             for row, (values, columns) in enumerate(map(_present, scores)):
                 weights = np.exp(values - values.max())
-                keep = -np.log2(weights / weights.sum()) <= mu[row]
-                keep[np.argmax(values)] = True  # size 0 -> 1
-                out[row, columns] = np.where(keep, values, _NEG_INF)
+                total = weights.sum()  # float32, as llama.cpp's softmax
+                floor = float(total) * float(np.exp2(-np.float64(mu[row]))) * 0.9999  # inf: none
+                near = np.flatnonzero(weights >= floor)
+                kept = near[-np.log2(weights[near] / total) <= mu[row]]
+                kept = np.append(kept, np.argmax(values))  # size 0 -> 1
+                if not isinstance(columns, slice):
+                    kept = columns[kept]
+                out[row, kept] = scores[row, kept]
         return out
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
