@@ -461,6 +461,9 @@ def _float32_at_most(value: float) -> np.float32:
     return np.nextafter(rounded, _NEG_INF) if float(rounded) > value else rounded
 
 
+# --- mirostat v2 --------------------------------------------------------------------
+
+
 class MirostatV2Sampler:
     """Mirostat 2.0 (``llama_sampler_mirostat_v2_apply``): aim at a surprise of ``tau`` bits.
 
