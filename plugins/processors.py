@@ -498,7 +498,11 @@ class TypicalPProcessor:
             shifted = scores - top
             log_probs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
             probs = np.exp(log_probs)
-            entropy = -np.nansum(log_probs * probs, axis=-1, keepdims=True)
+            terms = log_probs * probs
+            entropy = terms.sum(axis=-1, keepdims=True)
+            if not all(map(math.isfinite, entropy.ravel().tolist())):  # a -inf score's NaN
+                entropy = np.nansum(terms, axis=-1, keepdims=True)  # (nansum copies: rare)
+            entropy = -entropy
             distance = np.abs(-log_probs - entropy)
 
         rows = _rows(batch)
@@ -519,4 +523,5 @@ class TypicalPProcessor:
         limit[~valid] = np.inf
         remove = distance > limit[:, None]
         remove[rows, cand[:, : self.min_tokens_to_keep]] = False
-        return remove, False
+        kept = remove.size - np.count_nonzero(remove)  # few kept: scattered, not selected
+        return remove, 8 * kept < remove.size
