@@ -377,6 +377,27 @@ def test_xtc_equals_llamacpp(threshold, min_keep):
         assert any((o != scores).any() for o in outs)  # some rows were cut
 
 
+@pytest.mark.parametrize("threshold", [0.0, 0.001, 0.02, 0.1])
+def test_xtc_divides_only_near_the_threshold_yet_finds_every_token_above_it(threshold):
+    """On a full row XTC divides only the weights near ``threshold * total``; the tokens it
+    removes must be exactly those the whole-row test finds above the threshold, but the
+    least probable of them."""
+    rng = np.random.default_rng(int(threshold * 1000))
+    proc = L.XtcProcessor(1.0, threshold, ctx=ctx_for(49152, 1))
+    for _ in range(5):
+        scores = (rng.standard_normal((1, 49152)) * rng.uniform(1, 6)).astype(np.float32)
+        weights = np.exp(scores[0] - scores[0].max())
+        above = (weights / weights.sum(dtype=np.float64)).astype(np.float32) >= threshold
+        out = proc(np.zeros((1, 1), np.int64), scores)
+        removed = ~np.isfinite(out[0])
+        if above.sum() < 2:
+            assert not removed.any()
+            continue
+        lowest = np.flatnonzero(above & (scores[0] == scores[0][above].min()))[-1]
+        above[lowest] = False
+        np.testing.assert_array_equal(removed, above)
+
+
 def test_xtc_keeps_the_highest_id_among_tied_lowest():
     scores = np.array([[3.0, 2.0, 2.0, -5.0]], np.float32)
     out = L.XtcProcessor(1.0, 0.1, ctx=ctx_for(4))(np.zeros((1, 1), np.int64), scores)
@@ -439,6 +460,24 @@ def test_mirostat_v2_equals_llamacpp_step_by_step(seed):
             assert picked[row] in kept
             mu[row] = ref_mirostat_v2_update(logits, kept, picked[row], float(mu[row]), tau, eta)
         np.testing.assert_allclose(sampler.mu, mu, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("vocab", [40, 49152])
+def test_mirostat_v2_truncation_tests_every_token_it_must(vocab):
+    """The truncation takes a log only of the weights near ``total * 2**-mu``; it must
+    keep exactly the tokens the whole-row test ``-log2(w / total) <= mu`` keeps (float32,
+    as llama.cpp), from a ``mu`` that keeps only the top token to one that keeps all."""
+    rng = np.random.default_rng(vocab)
+    sampler = L.MirostatV2Sampler(ctx=ctx_for(vocab, 1))
+    for mu in (-3.0, 0.0, 0.7, 2.0, 5.0, 9.0, 14.0, 40.0, 500.0):
+        scores = (rng.standard_normal((1, vocab)) * rng.uniform(0.5, 4)).astype(np.float32)
+        weights = np.exp(scores[0] - scores[0].max())
+        with np.errstate(divide="ignore"):
+            keep = -np.log2(weights / weights.sum()) <= np.float32(mu)
+        keep[np.argmax(scores[0])] = True
+        got = sampler.distribution(scores, np.array([mu], np.float32))
+        np.testing.assert_array_equal(np.isfinite(got[0]), keep)
+        np.testing.assert_array_equal(got[0, keep], scores[0, keep])
 
 
 @pytest.mark.parametrize("mu", [0.5, 2.0, 3.5, 10.0])
