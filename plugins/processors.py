@@ -204,6 +204,23 @@ def _top_k_few(scores: np.ndarray, k: int) -> tuple[Candidates, np.ndarray] | No
     return present, packed < kth  # the scores outside are < floor <= kth
 
 
+def _closest(distance: np.ndarray, size: int) -> np.ndarray:
+    """Indices (B, n >= size) of each row's ``size`` smallest distances, or of all the
+    distances up to some bound that holds at least that many.
+
+    Either is a prefix of the row in distance order (ties at the bound included), which
+    is all typical-p's cut needs. One row with ``8 * size`` below its width goes through
+    ``_top_k_few`` on the negated distances (~0.3 ms less than np.argpartition over
+    49,152); otherwise, or if that declines, np.argpartition.
+    """
+    batch, vocab = distance.shape
+    if batch == 1 and 8 * size < vocab:
+        few = _top_k_few(-distance, size)
+        if few is not None:
+            return few[0].cols[None, :]  # every candidate: those >= the floor
+    return np.argpartition(distance, size - 1, axis=-1)[:, :size]
+
+
 # --- processors -----------------------------------------------------------------
 
 
@@ -508,7 +525,7 @@ class TypicalPProcessor:
         rows = _rows(batch)
         for size in _tiers(vocab, self.min_tokens_to_keep):
             if size < vocab:
-                cand = np.argpartition(distance, size - 1, axis=-1)[:, :size]
+                cand = _closest(distance, size)
                 reached = probs[rows, cand].astype(np.float64).sum(axis=-1).astype(np.float32)
                 if not np.all((reached >= mass) | ~valid):
                     continue
@@ -518,7 +535,7 @@ class TypicalPProcessor:
             break
 
         # HF clamps to vocab - 1; a partial candidate set can only need it in rounding cases
-        last = np.minimum(count_prefix(probs[rows, cand], mass, strict=True), size - 1)
+        last = np.minimum(count_prefix(probs[rows, cand], mass, strict=True), cand.shape[1] - 1)
         limit = distance[rows[:, 0], cand[rows[:, 0], last]]
         limit[~valid] = np.inf
         remove = distance > limit[:, None]
