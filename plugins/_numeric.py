@@ -3,8 +3,9 @@
 :class:`PrefixSums` counts, per row, how many prefix sums of non-negative weights
 stay under a limit. That is inverting a CDF (the sampler's draw) and finding a
 cumulative-probability cut-off (top-p, typical-p), kept in one place so that a fix or
-a speed-up reaches all of them and their results cannot drift apart. (Packing the few
-scores that are not ``-inf`` is :class:`ortgen.Candidates`.)
+a speed-up reaches all of them and their results cannot drift apart.
+:func:`present_scores` gives one row's scores that are not ``-inf`` (packing them for
+the whole batch is :class:`ortgen.Candidates`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,22 @@ import numpy as np
 # Width of the blocks prefix sums are searched in; rows up to 16 blocks long are
 # accumulated directly, which is cheaper than the two-level search there.
 BLOCK = 256
+
+
+def present_scores(row: np.ndarray) -> tuple[np.ndarray, np.ndarray | slice]:
+    """One row's scores that are not ``-inf``, in token order, and their columns.
+
+    Components whose result depends on a sum over the row (top-nσ, XTC, mirostat,
+    epsilon and eta cut-offs) sum these alone, so that a row gives the same bits dense
+    and packed after top-k (zeros in place of the others would change how numpy's
+    pairwise sum groups the rest). A full row is returned as is with ``slice(None)`` for
+    its columns (a 49,152-wide copy and index for nothing cost more than the count).
+    """
+    present = row != -np.inf
+    if np.count_nonzero(present) == row.size:
+        return row, slice(None)
+    columns = np.flatnonzero(present)
+    return row[columns], columns
 
 
 class PrefixSums:

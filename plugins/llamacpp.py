@@ -29,6 +29,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from ortgen import Candidates, ComponentError, ConfigError, GenerationContext, hookimpl
 from ortgen.plugins._args import as_float, is_int
+from ortgen.plugins._numeric import present_scores
 from ortgen.plugins.samplers import MultinomialSampler, _unusable_rows
 
 _NEG_INF = np.float32(-np.inf)
@@ -287,22 +288,6 @@ def _suffix_repeats(context: np.ndarray, cap: np.ndarray) -> np.ndarray:
     return out
 
 
-def _present(row: np.ndarray) -> tuple[np.ndarray, np.ndarray | slice]:
-    """One row's scores that are not ``-inf``, in token order, and their columns.
-
-    Top-nσ, XTC and mirostat compute their sums over these alone, so that a row gives
-    the same bits dense and packed after top-k (zeros in place of the others would
-    change how numpy's pairwise sum groups the rest). A full row is returned as is
-    with ``slice(None)`` for its columns (a 49,152-wide copy and index for nothing cost
-    more than the count).
-    """
-    present = row != _NEG_INF
-    if np.count_nonzero(present) == row.size:
-        return row, slice(None)
-    columns = np.flatnonzero(present)
-    return row[columns], columns
-
-
 # --- top-n-sigma ----------------------------------------------------------------------
 
 
@@ -336,11 +321,11 @@ class TopNSigmaProcessor:
 
     def _thresholds(self, rows: np.ndarray) -> np.ndarray:
         """Each row's ``max - n * std`` over its scores that are not ``-inf`` (B, 1),
-        summed over those alone (see ``_present``)."""
+        summed over those alone (see ``present_scores``)."""
         n = np.float32(self.n)
         out = np.empty((rows.shape[0], 1), dtype=np.float32)
         for index, row in enumerate(rows):
-            values, _ = _present(row)
+            values, _ = present_scores(row)
             top = float(values.max()) if values.size else -math.inf
             if not math.isfinite(top):  # NaN or +inf: left alone; nothing left: nothing to cut
                 out[index] = np.nan if top != -math.inf else -np.inf
@@ -432,7 +417,7 @@ class XtcProcessor:
         for index, row in enumerate(rows):
             if chance[index] > self.probability:
                 continue
-            values, columns = _present(row)
+            values, columns = present_scores(row)
             size = values.size
             top = float(values.max()) if size else math.nan
             if size < 2 or not math.isfinite(top):
@@ -501,7 +486,7 @@ class MirostatV2Sampler:
         scores = np.asarray(scores, dtype=np.float32)
         out = np.full(scores.shape, _NEG_INF, dtype=np.float32)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            for row, (values, columns) in enumerate(map(_present, scores)):
+            for row, (values, columns) in enumerate(map(present_scores, scores)):
                 weights = np.exp(values - values.max())
                 total = weights.sum()  # float32, as llama.cpp's softmax
                 floor = float(total) * float(np.exp2(-np.float64(mu[row]))) * 0.9999  # inf: none
@@ -543,7 +528,7 @@ class MirostatV2Sampler:
     def _update(self, truncated: np.ndarray, picked: np.ndarray) -> None:
         """``mu -= eta * (surprise of the picked token under the truncated row - tau)``."""
         prob = np.empty(truncated.shape[0], dtype=np.float32)
-        for row, (values, _) in enumerate(map(_present, truncated)):
+        for row, (values, _) in enumerate(map(present_scores, truncated)):
             top = values.max()
             prob[row] = np.exp(truncated[row, picked[row]] - top) / np.exp(values - top).sum()
         surprise = -np.log2(prob)

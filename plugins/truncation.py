@@ -17,10 +17,14 @@ warper removes nothing there either, while its eta warper raises ``ValueError``
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 import numpy as np
 
-from ortgen import ConfigError, hookimpl
+from ortgen import Candidates, ConfigError, hookimpl
 from ortgen.plugins._args import as_float
+from ortgen.plugins._numeric import present_scores
 from ortgen.plugins.processors import _check_min_tokens_to_keep, _f32, _fill
 
 _F32_MIN = np.finfo(np.float32).min
@@ -40,43 +44,72 @@ def _check_epsilon(field: str, epsilon: object) -> float:
     return value
 
 
-def _softmax(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(probabilities, scores - max, row sums of exp, row max), float32 as torch computes.
-
-    Rows without a softmax (all -inf, NaN, +inf) come out NaN; comparisons with NaN
-    are False, so the cut removes nothing there.
-    """
-    top = scores.max(axis=-1, keepdims=True)  # NaN propagates
-    with np.errstate(invalid="ignore", over="ignore"):
-        shifted = scores - top
-        weights = np.exp(shifted)
-        total = weights.sum(axis=-1, keepdims=True)
-        return weights / total, shifted, total, top
-
-
-def _cut(
-    scores: np.ndarray, remove: np.ndarray, top: np.ndarray, min_tokens_to_keep: int
+def _removed(
+    rows: np.ndarray, remove: Callable[[np.ndarray], np.ndarray], min_tokens_to_keep: int
 ) -> np.ndarray:
-    """``-inf`` where ``remove``, except the ``min_tokens_to_keep`` highest scores and ties.
+    """(B, W) bool: what ``remove`` cuts from each row's scores that are not ``-inf``,
+    except the ``min_tokens_to_keep`` highest and every score tied with the last of them.
 
-    Probabilities rise with scores, so the kept tokens are the highest ones: a row that
-    keeps at least k already keeps the top k and everything tied with the k-th, and only
-    rows keeping fewer need the k-th value (the max when k = 1, else a partition).
+    Each row is decided on its present scores alone (``present_scores``), so dense and
+    packed rows (after top-k) give the same bits. A row whose softmax is undefined (all
+    ``-inf``, NaN, ``+inf``) loses nothing, as HF's epsilon warper removes nothing there.
+    Probabilities rise with scores, so a row that keeps at least k keeps the top k and
+    every tie of the k-th already; only rows keeping fewer need the k-th value (HF
+    compares with the k-th of ``torch.topk``; with fewer than k present that is ``-inf``
+    and nothing is removed).
     """
-    vocab = scores.shape[-1]
-    k = min(min_tokens_to_keep, vocab)
-    short = np.flatnonzero(vocab - np.count_nonzero(remove, axis=-1) < k)
-    if short.size:
-        if k == 1:
-            kth = top[short]
-        else:
-            kth = np.partition(scores[short], vocab - k, axis=-1)[:, vocab - k, None]
-        remove[short] &= scores[short] < kth
-    few_kept = 8 * int(np.count_nonzero(~remove, axis=-1).max(initial=0)) < vocab
-    return _fill(scores, remove, few_kept=few_kept)
+    out = np.zeros(rows.shape, dtype=bool)
+    for index, row in enumerate(rows):
+        values, columns = present_scores(row)
+        if not values.size or not math.isfinite(float(values.max())):
+            continue
+        cut = remove(values)
+        k = min_tokens_to_keep
+        kept = values.size - int(np.count_nonzero(cut))
+        if kept < k:
+            if values.size < k:
+                continue
+            kth = values[np.argpartition(values, values.size - k)[values.size - k]]
+            cut &= values < kth
+        out[index, columns] = cut
+    return out
 
 
-class EpsilonCutoffProcessor:
+def _softmax(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.float32]:
+    """(probabilities, values - max, sum of exp) of one row's present scores, float32 as
+    torch computes."""
+    shifted = values - values.max()
+    weights = np.exp(shifted)
+    total = weights.sum()
+    return weights / total, shifted, total
+
+
+class _Cutoff:
+    """A cut-off decided per row on its present scores: ``_remove(values)`` says which go.
+    ``epsilon = 0`` (HF's "off") gives an unchanged copy."""
+
+    epsilon: float
+    min_tokens_to_keep: int
+
+    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        scores = _f32(scores)
+        if self.epsilon == 0.0:
+            return scores.copy()
+        return _cut_dense(scores, _removed(scores, self._remove, self.min_tokens_to_keep))
+
+    def sparse(self, input_ids: np.ndarray, scores: np.ndarray | Candidates) -> Candidates | None:
+        """The same cut on candidates."""
+        if not isinstance(scores, Candidates):
+            return None
+        if self.epsilon == 0.0:
+            return scores
+        return scores.keep(_removed(scores.packed, self._remove, self.min_tokens_to_keep))
+
+    def _remove(self, values: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+
+class EpsilonCutoffProcessor(_Cutoff):
     """Remove tokens with probability below ``epsilon`` (EpsilonLogitsWarper, ``epsilon_cutoff``).
 
     The threshold is absolute: suggested values are 3e-4 to 9e-4 for large models.
@@ -86,15 +119,11 @@ class EpsilonCutoffProcessor:
         self.epsilon = _check_epsilon("epsilon_cutoff", epsilon)
         self.min_tokens_to_keep = _check_min_tokens_to_keep(min_tokens_to_keep)
 
-    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        scores = _f32(scores)
-        if self.epsilon == 0.0:
-            return scores.copy()
-        probs, _, _, top = _softmax(scores)
-        return _cut(scores, probs < np.float32(self.epsilon), top, self.min_tokens_to_keep)
+    def _remove(self, values: np.ndarray) -> np.ndarray:
+        return _softmax(values)[0] < np.float32(self.epsilon)
 
 
-class EtaCutoffProcessor:
+class EtaCutoffProcessor(_Cutoff):
     """Remove tokens with probability below ``eta = min(epsilon, sqrt(epsilon) * exp(-H))``
     (EtaLogitsWarper, ``eta_cutoff``), ``H`` the entropy of the row's distribution.
 
@@ -106,16 +135,15 @@ class EtaCutoffProcessor:
         self.epsilon = _check_epsilon("eta_cutoff", epsilon)
         self.min_tokens_to_keep = _check_min_tokens_to_keep(min_tokens_to_keep)
 
-    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        scores = _f32(scores)
-        if self.epsilon == 0.0:
-            return scores.copy()
-        probs, shifted, total, top = _softmax(scores)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            # Categorical(logits=scores).entropy(): log-probs clamped to the lowest float32,
-            # so a -inf score contributes lowest * 0 = 0 rather than NaN
-            log_probs = np.maximum(shifted - np.log(total), _F32_MIN)
-            entropy = -(log_probs * probs).sum(axis=-1, keepdims=True)
+    def _remove(self, values: np.ndarray) -> np.ndarray:
+        probs, shifted, total = _softmax(values)
+        # Categorical(logits=scores).entropy(); a -inf score (not among these) adds 0
+        entropy = -(np.maximum(shifted - np.log(total), _F32_MIN) * probs).sum()
         epsilon = np.float32(self.epsilon)
-        eta = np.minimum(epsilon, np.sqrt(epsilon) * np.exp(-entropy))
-        return _cut(scores, probs < eta, top, self.min_tokens_to_keep)
+        return probs < np.minimum(epsilon, np.sqrt(epsilon) * np.exp(-entropy))
+
+
+def _cut_dense(scores: np.ndarray, remove: np.ndarray) -> np.ndarray:
+    """``scores`` with ``-inf`` where ``remove``; the few kept scattered when few are kept."""
+    kept = remove.size - int(np.count_nonzero(remove))
+    return _fill(scores, remove, few_kept=8 * kept < remove.size)

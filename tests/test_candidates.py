@@ -14,6 +14,7 @@ from ortgen.plugins import constraints as C
 from ortgen.plugins import llamacpp as L
 from ortgen.plugins import processors as P
 from ortgen.plugins import samplers as S
+from ortgen.plugins import truncation as T
 from ortgen.testing import make_context
 
 IDS = np.zeros((1, 4), np.int64)
@@ -105,6 +106,10 @@ PROCESSORS = {
     "min_p keep": lambda: P.MinPProcessor(0.5, min_tokens_to_keep=3),
     "typical_p": lambda: P.TypicalPProcessor(0.9),
     "typical_p keep": lambda: P.TypicalPProcessor(0.5, min_tokens_to_keep=2),
+    "epsilon_cutoff": lambda: T.EpsilonCutoffProcessor(0.02),
+    "epsilon_cutoff keep": lambda: T.EpsilonCutoffProcessor(0.3, min_tokens_to_keep=3),
+    "eta_cutoff": lambda: T.EtaCutoffProcessor(0.02),
+    "eta_cutoff keep": lambda: T.EtaCutoffProcessor(0.3, min_tokens_to_keep=3),
     "top_n_sigma": lambda: L.TopNSigmaProcessor(1.0),
     "top_n_sigma wide": lambda: L.TopNSigmaProcessor(3.0),
 }
@@ -198,6 +203,8 @@ def _without_sparse(monkeypatch) -> None:
         P.TopPProcessor,
         P.MinPProcessor,
         P.TypicalPProcessor,
+        T.EpsilonCutoffProcessor,
+        T.EtaCutoffProcessor,
         L.TopNSigmaProcessor,
         L.XtcProcessor,
         L.MirostatV2Sampler,
@@ -215,9 +222,10 @@ def _without_sparse(monkeypatch) -> None:
         dict(CHAT, top_p=1.0, min_p=0.1),
         dict(CHAT, typical_p=0.8),
         dict(CHAT, top_n_sigma=1.0, xtc_probability=0.5, xtc_threshold=0.05),
+        dict(CHAT, epsilon_cutoff=0.02, eta_cutoff=0.02),
         dict(do_sample=True, top_k=5),
     ],
-    ids=["chat", "min_p", "typical", "llama.cpp", "top_k"],
+    ids=["chat", "min_p", "typical", "llama.cpp", "truncation", "top_k"],
 )
 def test_the_loop_gives_the_same_tokens_and_logprobs_either_way(
     tiny_llama_gen, monkeypatch, settings
