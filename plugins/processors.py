@@ -90,6 +90,12 @@ def _fill(scores: np.ndarray, remove: np.ndarray, *, few_kept: bool = False) -> 
     return out.view(np.float32)
 
 
+def _few_kept(remove: np.ndarray) -> bool:
+    """Whether at most 1/8 of the scores survive ``remove`` (``_fill`` then scatters them),
+    counted: for a cut whose size is not known in advance."""
+    return 8 * (remove.size - np.count_nonzero(remove)) < remove.size
+
+
 def _rows(batch: int) -> np.ndarray:
     return np.arange(batch)[:, None]
 
@@ -540,5 +546,4 @@ class TypicalPProcessor:
         limit[~valid] = np.inf
         remove = distance > limit[:, None]
         remove[rows, cand[:, : self.min_tokens_to_keep]] = False
-        kept = remove.size - np.count_nonzero(remove)  # few kept: scattered, not selected
-        return remove, 8 * kept < remove.size
+        return remove, _few_kept(remove)

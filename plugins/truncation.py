@@ -25,7 +25,7 @@ import numpy as np
 from ortgen import Candidates, ConfigError, hookimpl
 from ortgen.plugins._args import as_float
 from ortgen.plugins._numeric import present_scores
-from ortgen.plugins.processors import _check_min_tokens_to_keep, _f32, _fill
+from ortgen.plugins.processors import _check_min_tokens_to_keep, _f32, _few_kept, _fill
 
 _F32_MIN = np.finfo(np.float32).min
 
@@ -69,7 +69,7 @@ def _removed(
         if kept < k:
             if values.size < k:
                 continue
-            kth = values[np.argpartition(values, values.size - k)[values.size - k]]
+            kth = np.partition(values, values.size - k)[values.size - k]
             cut &= values < kth
         out[index, columns] = cut
     return out
@@ -95,7 +95,8 @@ class _Cutoff:
         scores = _f32(scores)
         if self.epsilon == 0.0:
             return scores.copy()
-        return _cut_dense(scores, _removed(scores, self._remove, self.min_tokens_to_keep))
+        remove = _removed(scores, self._remove, self.min_tokens_to_keep)
+        return _fill(scores, remove, few_kept=_few_kept(remove))
 
     def sparse(self, input_ids: np.ndarray, scores: np.ndarray | Candidates) -> Candidates | None:
         """The same cut on candidates."""
@@ -141,9 +142,3 @@ class EtaCutoffProcessor(_Cutoff):
         entropy = -(np.maximum(shifted - np.log(total), _F32_MIN) * probs).sum()
         epsilon = np.float32(self.epsilon)
         return probs < np.minimum(epsilon, np.sqrt(epsilon) * np.exp(-entropy))
-
-
-def _cut_dense(scores: np.ndarray, remove: np.ndarray) -> np.ndarray:
-    """``scores`` with ``-inf`` where ``remove``; the few kept scattered when few are kept."""
-    kept = remove.size - int(np.count_nonzero(remove))
-    return _fill(scores, remove, few_kept=8 * kept < remove.size)
