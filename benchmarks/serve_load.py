@@ -51,6 +51,8 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
         command += ["--model", args.model]
     if args.threads:
         command += ["--threads", str(args.threads)]
+    if args.no_prefix_sharing:
+        command.append("--no-prefix-sharing")
     server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert server.stdout is not None
     for line in server.stdout:
@@ -185,6 +187,11 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/serve_load.json")
     parser.add_argument(
         "--goals", action="store_true", help="also: 8 at once vs one by one; TTFT under load"
+    )
+    parser.add_argument(
+        "--no-prefix-sharing",
+        action="store_true",
+        help="start the server with --no-prefix-sharing (every prompt prefilled whole)",
     )
     args = parser.parse_args()
     server = None

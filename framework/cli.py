@@ -442,6 +442,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grace", type=float, default=10.0, help="SIGTERM: seconds to finish (10)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest body (1 MiB)")
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE", help="a plugin")
+    p.add_argument(
+        "--no-prefix-sharing",
+        action="store_true",
+        help="prefill every prompt whole, not from a prefix another request left",
+    )
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("plugins", help="list registered components and their plugins")

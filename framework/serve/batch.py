@@ -9,9 +9,11 @@ forward. Its components see its row alone, without the batch's left padding (``s
 chains), so a request gives what it gives sent alone; a component that raises fails
 only its own row.
 
-The cache (:class:`SlotCache`) is preallocated for ``max_batch`` rows and the model's
-context; the OS backs only the pages rows touch, and a row that leaves is filled by the
-last row, so leaving moves one row's keys/values, not the batch's.
+The cache (:class:`~ortgen.serve.slots.SlotCache`) is preallocated for ``max_batch`` rows;
+the OS backs only the pages rows touch, and a row that leaves is filled by the last row,
+so leaving moves one row's keys/values, not the batch's. A joining row starts from the
+longest prompt prefix any slot holds (a shared system prompt, the template's header) and
+prefills only the rest (see ``slots``).
 """
 
 from __future__ import annotations
@@ -19,9 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 
-from ortgen.plugins.caches import DynamicCache, StaticCache, as_numpy
+from ortgen.plugins.caches import DynamicCache, as_numpy
 
 from .. import scoring
 from ..chain import Chain
@@ -30,64 +31,7 @@ from ..generate import Generation
 from ..model import ExportedModel
 from ..step_record import log_softmax
 from ..text import RowText, Tokenizer
-
-
-class SlotCache(StaticCache):
-    """A static cache on a shared-buffer graph with room for ``max_batch`` rows, of which
-    the first ``active`` are fed."""
-
-    def __init__(self, *, ctx: Any, capacity: int | None = None) -> None:
-        super().__init__(ctx=ctx, capacity=capacity)
-        if not self._shared:
-            raise InputError("continuous batching needs a shared-buffer (fused) graph")
-        self.active = 1
-        self.select(None)
-
-    def _allocate(self, capacity: int) -> None:
-        super()._allocate(capacity)
-        if hasattr(self, "active"):  # grown: expose the active rows of the new buffers
-            self.select(None)
-
-    def _grow(self, needed: int) -> None:
-        """Double the positions, copying only the rows in use: the free rows' pages
-        stay untouched (GroupQueryAttention's prefill costs grow with the buffer's
-        length, so the cache starts short and grows, rather than holding the whole
-        context from the start)."""
-        held = [b[: self.active, :, : self._length].copy() for b in self._buffers]
-        self._allocate(max(needed, 2 * self._capacity))
-        for buffer, kept in zip(self._buffers, held, strict=True):
-            buffer[: self.active, :, : kept.shape[2]] = kept
-
-    def select(self, row: int | None) -> None:
-        if row is None:
-            self._expose(
-                [ort.OrtValue.ortvalue_from_numpy(b[: self.active]) for b in self._buffers]
-            )
-        else:
-            super().select(row)
-
-    def set_active(self, rows: int) -> None:
-        """Feed the first ``rows`` rows (a row joined: it is the last one)."""
-        if rows > self._rows:
-            raise InputError(f"the batch is full ({self._rows} rows)")
-        self.active = rows
-        self.select(None)
-
-    def copy_row(self, source: int, target: int, positions: int) -> None:
-        """Row ``target`` takes row ``source``'s first ``positions`` keys/values."""
-        for buffer in self._buffers:
-            buffer[target, :, :positions] = buffer[source, :, :positions]
-        self._length = max(self._length, positions)
-
-    def keep(self, order: np.ndarray) -> None:
-        """Row ``i`` becomes row ``order[i]``; rows past ``len(order)`` are dropped.
-        ``order`` moves rows only down (a tail row into a freed slot), so copying in
-        place never overwrites a row still to be moved."""
-        for target, source in enumerate(order.tolist()):
-            if source != target:
-                for buffer in self._buffers:
-                    buffer[target] = buffer[source]
-        self.set_active(len(order))
+from .slots import SlotCache
 
 
 class ConcatSlots(DynamicCache):
@@ -211,6 +155,8 @@ class ContinuousBatch(Generation):
         self._prefilled: dict[tuple[int, ...], tuple[np.ndarray, int]] = {}
         self._first_prompt = tuple(prompt)
         self.shared_prefills = 0
+        #: prompt tokens rows took from a prefix a slot held instead of feeding them
+        self.reused_tokens = 0
 
     # -- joining and leaving ------------------------------------------------------------
 
@@ -259,8 +205,11 @@ class ContinuousBatch(Generation):
             logits, source = self._prefilled[key]
             self.chain.cache.copy_row(source, row, len(prompt))
             self.shared_prefills += 1
-        else:
-            logits = self._prefill_row(row, pad, end)
+        else:  # from the longest prefix a slot holds, if any: the rest is fed
+            taken = self.chain.cache.share_prefix(prompt, row, self.prefill_chunk)
+            logits = self._prefill_row(row, pad + taken, end)
+            self.chain.cache.note_prefill(row, prompt, taken, self.prefill_chunk)
+            self.reused_tokens += taken
             self._prefilled[key] = (logits, row)
         self._first_token(row, logits)
         return row
@@ -339,14 +288,21 @@ class ContinuousBatch(Generation):
         return next_ids
 
     def _forward(self) -> np.ndarray:
+        first = self.steps == 0 and self._shared
+        taken = int(self._reused[0]) if first else 0  # what the slot's prefix spared
         logits = super()._forward()
-        if self.steps == 0 and self._shared:  # the first row's prefill: copies may share it
+        if first:  # the first row's prefill: copies may share it, and later prompts its prefix
             self._prefilled[self._first_prompt] = (np.array(logits[:1], dtype=np.float32), 0)
+            self.chain.cache.note_prefill(0, self._first_prompt, taken, self.prefill_chunk)
+            self.reused_tokens += taken
         return logits
 
     def _pick(self, input_ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         next_ids = np.full(self.batch_size, self.pad_token_id, dtype=np.int64)
-        scores = np.array(logits, copy=True)
+        # each row's processed scores go over its logits: after the pick nothing reads
+        # the raw ones (the first row's prefill logits were copied), and a row whose
+        # chain changed nothing (greedy, no processors) costs no copy at all
+        scores = logits
         for rows, chain in self._groups:
             row = int(rows[0])
             if self.errors[row] is not None:
@@ -357,7 +313,9 @@ class ContinuousBatch(Generation):
             except Exception as exc:  # this request's component: only its row fails
                 self.errors[row] = exc
                 continue
-            next_ids[row], scores[row] = picked[0], scoring.dense(row_scores)[0]
+            next_ids[row] = picked[0]
+            if row_scores is not row_logits:
+                scores[row] = scoring.dense(row_scores)[0]
         return next_ids, scores
 
     def _stop_group(self, rows, chain, ids, scores) -> None:  # type: ignore[override]

@@ -26,7 +26,8 @@ from ..api import StreamPiece, TextGenerator
 from ..chain import Chain, build_chain
 from ..config import GenerationConfig
 from ..errors import InputError
-from .batch import ConcatSlots, ContinuousBatch, SlotCache
+from .batch import ConcatSlots, ContinuousBatch
+from .slots import SlotCache
 
 #: positions per row the shared cache starts with (it doubles when a row needs more)
 SLOT_POSITIONS = 256
@@ -52,6 +53,7 @@ class EngineStats:
     cancelled: int = 0
     generated_tokens: int = 0
     shared_prefills: int = 0  # rows that copied a held row's prefill of the same prompt
+    reused_prompt_tokens: int = 0  # prompt tokens taken from a prefix a slot held
     prompt_tokens: int = 0
     batch_size: int = 0
     peak_batch_size: int = 0  # the most rows one decode step has run
@@ -110,12 +112,21 @@ class RowHandle:
 class Engine:
     """Runs submitted rows on one model (see module doc)."""
 
-    def __init__(self, gen: TextGenerator, *, max_batch: int = 8, max_queue: int = 64) -> None:
+    def __init__(
+        self,
+        gen: TextGenerator,
+        *,
+        max_batch: int = 8,
+        max_queue: int = 64,
+        share_prefixes: bool = True,
+    ) -> None:
         if max_batch < 1 or max_queue < 0:
             raise ValueError("max_batch must be at least 1 and max_queue at least 0")
         self.gen = gen
         self.max_batch = max_batch
         self.max_queue = max_queue
+        #: whether a row starts from a prompt prefix a slot holds (``ortgen.serve.slots``)
+        self.share_prefixes = share_prefixes
         self.stats = EngineStats()
         self._waiting: collections.deque[RowHandle] = collections.deque()
         self._wake = threading.Condition()
@@ -287,10 +298,12 @@ class Engine:
                 )  # fmt: skip
                 batch.step()
                 row = 0
+                self.stats.reused_prompt_tokens += batch.reused_tokens
             else:  # prefilled alone, its first token picked: it decodes with the rest
-                before = batch.shared_prefills
+                before = batch.shared_prefills, batch.reused_tokens
                 row = batch.join(handle.prompt, chain, logprobs=logprobs)
-                self.stats.shared_prefills += batch.shared_prefills - before
+                self.stats.shared_prefills += batch.shared_prefills - before[0]
+                self.stats.reused_prompt_tokens += batch.reused_tokens - before[1]
         except Exception as exc:  # its settings, components or the model failed
             self._fail(handle, exc)
             if started_new or batch is None:
@@ -336,7 +349,7 @@ class Engine:
         if not self.gen.model.signature.shared_kv:
             return ConcatSlots(ctx=ctx)
         ctx = dataclasses.replace(ctx, batch_size=self.max_batch, max_length=SLOT_POSITIONS)
-        return SlotCache(ctx=ctx, capacity=SLOT_POSITIONS)
+        return SlotCache(ctx=ctx, capacity=SLOT_POSITIONS, share=self.share_prefixes)
 
     def _piece(self, batch: ContinuousBatch, row: int, token: int) -> StreamPiece:
         logged = batch.record.last[row] if batch.record.top[row] >= 0 else None

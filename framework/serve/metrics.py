@@ -89,6 +89,12 @@ def render(stats: EngineStats, http: HttpStats, *, model: str) -> str:
             stats.shared_prefills,
             "Rows that took a held row's prefill of the same prompt instead of their own.",
         ),
+        (
+            "ortgen_reused_prompt_tokens_total",
+            stats.reused_prompt_tokens,
+            "Prompt tokens taken from a prefix a slot held (a shared system prompt) "
+            "instead of prefilled.",
+        ),
     )
     for name, value, help_text in counters:
         _metric(lines, name, "counter", help_text)

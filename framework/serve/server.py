@@ -34,7 +34,12 @@ def main(args: argparse.Namespace) -> int:
     _check_flags(args)
     plugins = [_import_plugin(name) for name in args.plugin]
     gen = load(args.model, threads=args.threads, pipeline=args.pipeline, plugins=plugins)
-    engine = Engine(gen, max_batch=args.max_batch, max_queue=args.max_queue)
+    engine = Engine(
+        gen,
+        max_batch=args.max_batch,
+        max_queue=args.max_queue,
+        share_prefixes=not args.no_prefix_sharing,
+    )
     state = ServerState(
         gen,
         engine,

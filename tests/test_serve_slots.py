@@ -1,0 +1,240 @@
+"""Prompt prefixes the serving engine's slots hold (``ortgen.serve.slots``): a request
+starts from the longest one any slot holds, joining a batch or after others have left,
+and still gives what it gives alone; the rules that keep every shared position one a
+several-token prefill computed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import ortgen
+from ortgen.serve.engine import Engine
+from ortgen.serve.slots import common_prefix_length, exact_length, shareable_count
+from tests.tiny_models import export_tiny
+
+
+@pytest.fixture(scope="module")
+def fused_chat(tiny_root: Path):
+    folder = export_tiny("llama", tiny_root / "serve-slots", with_tokenizer=True, graph="fused")
+    return ortgen.load(folder, threads=1)
+
+
+@contextlib.contextmanager
+def _running(gen, **options) -> Iterator[Engine]:
+    engine = Engine(gen, **options)
+    engine.start()
+    try:
+        yield engine
+    finally:
+        engine.shutdown()
+
+
+async def _tokens(engine: Engine, prompt: list[int], settings: dict) -> list[int]:
+    handle = engine.submit(prompt, settings)
+    return [piece.token async for piece in handle.pieces()]
+
+
+def _at_once(engine: Engine, jobs) -> list[list[int]]:
+    async def main():
+        return await asyncio.gather(*[_tokens(engine, p, s) for p, s in jobs])
+
+    return asyncio.run(main())
+
+
+def _one_by_one(engine: Engine, jobs) -> list[list[int]]:
+    async def main():
+        return [await _tokens(engine, p, s) for p, s in jobs]
+
+    return asyncio.run(main())
+
+
+# -- the rules ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("common", "length", "chunk", "expected"),
+    [
+        (24, 37, 256, 24),  # a shared system prompt: the rest is fed
+        (37, 37, 256, 35),  # the same prompt: at least two tokens are still fed
+        (36, 37, 256, 35),
+        (0, 37, 256, 0),
+        (5, 257, 256, 0),  # alone its last chunk is one token: nothing shared
+        (10, 11, 8, 9),  # at least two tokens fed
+        (9, 18, 8, 8),  # the rest (9 = 8 + 1) would end in a one-token chunk: one step back
+        (10, 20, 8, 10),  # rest 10 = 8 + 2
+        (11, 20, 8, 10),  # rest 9 = 8 + 1: back to 10
+        (1, 3, 8, 1),
+        (1, 2, 8, 0),
+    ],
+)
+def test_shareable_count(common: int, length: int, chunk: int, expected: int) -> None:
+    got = shareable_count(common, length, chunk)
+    assert got == expected
+    if got:  # the rest: at least 2 tokens, no one-token last chunk, nor one alone
+        assert length - got >= 2 and (length - got) % chunk != 1 and length % chunk != 1
+
+
+def test_exact_length_leaves_out_a_one_token_last_chunk() -> None:
+    assert exact_length(37, 0) == 37
+    assert exact_length(257, 0) == 256
+    assert exact_length(20, 11, chunk=8) == 19  # fed 9 = 8 + 1
+    assert exact_length(20, 10, chunk=8) == 20
+
+
+# -- the engine --------------------------------------------------------------------------
+
+
+def _system_prompt_jobs(gen, count: int) -> list[tuple[list[int], dict]]:
+    header = "System: answer briefly and well, in plain words. User: "
+    jobs = []
+    for i in range(count):
+        prompt = gen.tokenizer.encode(header + "question " + "xyz"[: i % 3 + 1] * (i + 1))
+        settings: dict = {"max_new_tokens": 6 + 3 * i, "eos_token_id": None}
+        if i % 2:
+            settings.update(do_sample=True, temperature=0.9, top_k=10, seed=40 + i)
+        jobs.append((prompt, settings))
+    return jobs
+
+
+@pytest.mark.parametrize("arrival", ["at once", "one by one"])
+def test_requests_share_a_common_prefix_and_each_equals_it_alone(fused_chat, arrival) -> None:
+    gen = fused_chat
+    jobs = _system_prompt_jobs(gen, 6)
+    header = min(common_prefix_length(jobs[0][0], p) for p, _ in jobs)
+    assert header > 40
+    run = _at_once if arrival == "at once" else _one_by_one
+    with _running(gen, max_batch=4) as engine:  # 6 rows, 4 slots: some join later
+        got = run(engine, jobs)
+    for (prompt, settings), tokens in zip(jobs, got, strict=True):
+        assert tokens == gen.generate([prompt], **settings).tokens[0], settings
+    # every request but the first took the header from a slot (a row of the batch, or one
+    # that had already left it), less what the rules keep back
+    assert engine.stats.reused_prompt_tokens >= 5 * (header - 1)
+
+
+def test_no_prefix_sharing_feeds_every_prompt_whole(fused_chat) -> None:
+    gen = fused_chat
+    jobs = _system_prompt_jobs(gen, 4)
+    with _running(gen, max_batch=4, share_prefixes=False) as engine:
+        got = _at_once(engine, jobs)
+    for (prompt, settings), tokens in zip(jobs, got, strict=True):
+        assert tokens == gen.generate([prompt], **settings).tokens[0]
+    assert engine.stats.reused_prompt_tokens == 0
+
+
+def test_generated_tokens_are_never_shared(fused_chat) -> None:
+    """A prompt that continues an earlier request's answer shares only that request's
+    prompt: the answer's keys/values came from decode steps."""
+    gen = fused_chat
+    first = gen.tokenizer.encode("Tell me about the sea: ")
+    settings = {"max_new_tokens": 12, "eos_token_id": None}
+    with _running(gen, max_batch=2) as engine:
+        (answer,) = _one_by_one(engine, [(first, settings)])
+        before = engine.stats.reused_prompt_tokens
+        follow = first + answer + gen.tokenizer.encode(" and more")
+        (again,) = _one_by_one(engine, [(follow, settings)])
+        reused = engine.stats.reused_prompt_tokens - before
+    assert reused == len(first)
+    assert again == gen.generate([follow], **settings).tokens[0]
+
+
+def test_slots_keep_what_they_hold_when_rows_move_and_forget_it_when_they_grow(
+    fused_chat,
+) -> None:
+    from ortgen.serve.slots import SlotCache
+
+    gen = fused_chat
+    ctx = gen._context([[0]], gen.resolve_config({}).config)
+    import dataclasses
+
+    ctx = dataclasses.replace(ctx, batch_size=3, max_length=16)
+    cache = SlotCache(ctx=ctx, capacity=16)
+    cache.set_active(3)
+    for slot, prompt in enumerate([[1, 2, 3, 4], [1, 2, 9, 9, 9], [5, 6, 7]]):
+        cache.note_prefill(slot, prompt, 0)
+        for buffer in cache._buffers:
+            buffer[slot, :, : len(prompt)] = slot + 1
+    cache._length = 5
+    cache.keep(np.asarray([0, 2]))  # row 1 left; the last row moved into its slot
+    assert cache._held == [(1, 2, 3, 4), (5, 6, 7), (5, 6, 7)]
+    assert cache.share_prefix([1, 2, 3, 4, 8, 8], 2) == 4  # from slot 0 into free slot 2
+    assert all((b[2, :, :4] == 1).all() for b in cache._buffers)
+    assert cache._held[2] == (1, 2, 3, 4)
+    assert cache.share_prefix([7, 7, 7], 1) == 0 and cache._held[1] == ()
+    cache.set_active(1)
+    cache._grow(40)  # only the rows in use are copied: free slots hold nothing any more
+    assert cache._held == [(1, 2, 3, 4), (), ()]
+
+
+# -- the default model: bit-identical where onnxruntime's kernels allow ------------------
+
+
+def _chunked_prefill_is_exact(folder: Path, prompt: list[int], taken: int) -> bool:
+    """Whether this machine's onnxruntime gives the same keys/values and logits for a
+    prompt fed whole and fed as ``taken`` tokens then the rest (the server's premise for
+    calling sharing exact on int8-activation graphs)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    session = ort.InferenceSession(str(folder / "model.onnx"), options)
+    names = [i.name for i in session.get_inputs() if i.name.startswith("past_key_values")]
+    heads, dim = session.get_inputs()[2].shape[1], session.get_inputs()[2].shape[3]
+
+    def run(pieces: list[int]):
+        buffers = [np.zeros((1, heads, 64, dim), np.float32) for _ in names]
+        binding = session.io_binding()
+        for name, buffer in zip(names, buffers, strict=True):
+            value = ort.OrtValue.ortvalue_from_numpy(buffer)
+            binding.bind_ortvalue_input(name, value)
+            binding.bind_ortvalue_output(name.replace("past_key_values", "present"), value)
+        start = 0
+        for size in pieces:
+            ids = np.asarray([prompt[start : start + size]], np.int64)
+            binding.bind_cpu_input("input_ids", ids)
+            binding.bind_cpu_input("attention_mask", np.ones((1, start + size), np.int64))
+            binding.bind_output("logits", "cpu")
+            session.run_with_iobinding(binding)
+            start += size
+        return binding.get_outputs()[0].numpy()[0, -1], buffers
+
+    whole, kv_whole = run([len(prompt)])
+    split, kv_split = run([taken, len(prompt) - taken])
+    n = len(prompt)
+    return np.array_equal(whole, split) and all(
+        np.array_equal(a[:, :, :n], b[:, :, :n]) for a, b in zip(kv_whole, kv_split, strict=True)
+    )
+
+
+@pytest.mark.default_model
+def test_chats_sharing_the_system_prompt_equal_each_alone_on_the_default_model(
+    default_gen, default_model_dir
+) -> None:
+    gen = default_gen
+    questions = [
+        "What is the capital of France?",
+        "Write a haiku about the sea.",
+        "How does a bicycle stay upright?",
+        "Suggest a name for a small bakery.",
+    ]
+    prompts = [gen.prompts.encode_row({"messages": [{"role": "user", "content": q}]}, 0)[0]
+               for q in questions]  # fmt: skip
+    header = min(common_prefix_length(prompts[0], p) for p in prompts)
+    assert header >= 20  # SmolLM2's template: a default system prompt
+    if not _chunked_prefill_is_exact(default_model_dir, prompts[0], header):
+        pytest.skip(
+            "on this CPU a split prefill of the int8-activation graph is not bit-identical "
+            "to a whole one, so shared prefixes may flip near-ties"
+        )
+    settings = {"max_new_tokens": 24, "min_new_tokens": 24, "do_sample": False}
+    jobs = [(p, settings) for p in prompts]
+    with _running(gen, max_batch=4) as engine:
+        got = _at_once(engine, jobs)
+    for (prompt, _), tokens in zip(jobs, got, strict=True):
+        assert tokens == gen.generate([prompt], **settings).tokens[0]
+    assert engine.stats.reused_prompt_tokens >= 3 * header
