@@ -5,11 +5,12 @@ a chat template, and the default model (SmolLM2, int4, API key, the test plugin)
 
 Exactness is tested on the tiny model: every answer (completions and chat, streamed and
 not, greedy and seeded, logprobs, n choices, 16 concurrent streams) must equal what
-``ortgen.load(...)``'s own ``generate``/``chat`` give in this process. On the int4 default
-model that cannot be asked of the serving engine: it prefills a joining row on its own
-(all of the prompt but the last token, then one decode step), and int4 logits of a split
-prefill differ from one whole prefill by up to ~1.8 (measured), enough to flip a near-tie
-a few tokens in. fp32 differs by ~1e-5, far below the tiny model's top-1 gaps. The
+``ortgen.load(...)``'s own ``generate``/``chat`` give in this process. On the int8-activation
+default model that cannot be asked of the serving engine everywhere: a row that starts
+from a prompt prefix another request left is a split prefill, which on some CPUs differs
+from one whole prefill (by up to ~1.8 in the logits, measured on an AVX2 machine), enough
+to flip a near-tie a few tokens in (``tests/test_serve_slots.py`` checks it where it is
+bit-identical). fp32 differs by ~1e-5, far below the tiny model's top-1 gaps. The
 default model is used for what needs a real model: EOS and stop strings, byte-level
 token strings, errors, the API key, a failing plugin, a client hanging up, metrics.
 """
