@@ -168,6 +168,10 @@ def test_slots_keep_what_they_hold_when_rows_move_and_forget_it_when_they_grow(
     assert all((b[2, :, :4] == 1).all() for b in cache._buffers)
     assert cache._held[2] == (1, 2, 3, 4)
     assert cache.share_prefix([7, 7, 7], 1) == 0 and cache._held[1] == ()
+    cache.reorder(np.asarray([1, 0, 2]))  # in place: each prefix goes with its row
+    assert cache._held == [(), (1, 2, 3, 4), (1, 2, 3, 4)]
+    assert all((b[1, :, :4] == 1).all() and (b[0, :, :3] == 3).all() for b in cache._buffers)
+    cache.reorder(np.asarray([1, 0, 2]))
     cache.set_active(1)
     cache._grow(40)  # only the rows in use are copied: free slots hold nothing any more
     assert cache._held == [(1, 2, 3, 4), (), ()]

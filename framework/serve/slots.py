@@ -131,6 +131,12 @@ class SlotCache(StaticCache):
         self._held = [self._held[s] for s in order] + self._held[len(order) :]
         self.set_active(len(order))
 
+    def reorder(self, rows: np.ndarray) -> None:
+        """Rows gathered (as beam search would): each slot's prefix goes with its row."""
+        held = [self._held[int(r)] for r in np.asarray(rows).tolist()]
+        super().reorder(rows)
+        self._held = held + [()] * (self._rows - len(held))
+
     # -- prompt prefixes ------------------------------------------------------------
 
     def share_prefix(self, prompt: Sequence[int], slot: int, chunk: int = PREFILL_CHUNK) -> int:
