@@ -17,6 +17,7 @@ the shortest reuse ends).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,13 @@ from .caches import StaticCache
 
 #: default bound of one model's store
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens two token sequences (arrays, lists or tuples) share."""
+    n = min(len(a), len(b))
+    same = np.asarray(a[:n]) == np.asarray(b[:n])
+    return n if same.all() else int(np.argmin(same))
 
 
 @dataclass
@@ -64,8 +72,7 @@ class PrefixStore:
         best, best_length, best_key = None, 0, None
         for key, entry in self._entries.items():
             n = min(len(entry.tokens), len(tokens), limit)
-            same = entry.tokens[:n] == tokens[:n]
-            length = n if same.all() else int(np.argmin(same))
+            length = common_prefix_length(entry.tokens[:n], tokens[:n])
             if length > best_length:
                 best, best_length, best_key = entry, length, key
         if best_key is not None:

@@ -1,4 +1,5 @@
-"""An ``ortgen serve`` subprocess for tests, and plain HTTP calls to it.
+"""An ``ortgen serve`` subprocess for tests, plain HTTP calls to it, and the serving
+engine run in-process.
 
 Not a test module. The server binds port 0 and prints its URL on one stdout line, so
 tests never race for a free port; raw calls use the standard library (the OpenAI client
@@ -7,6 +8,7 @@ is for what a client would do, these are for what a client's library would not s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -18,10 +20,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import openai
+
+from ortgen.serve.engine import Engine
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "test-key"
@@ -129,3 +134,15 @@ def metric(server: ServerProcess, name: str) -> float:
         if line.startswith(f"{name} "):
             return float(line.split()[1])
     raise KeyError(name)
+
+
+@contextlib.contextmanager
+def running_engine(gen: Any, **options: Any) -> Iterator[Engine]:
+    """An in-process serving engine with its loop thread started, shut down however the
+    test ends."""
+    engine = Engine(gen, **options)
+    engine.start()
+    try:
+        yield engine
+    finally:
+        engine.shutdown()

@@ -5,9 +5,7 @@ rows join a running batch without waiting for it to drain."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +14,7 @@ import pytest
 import ortgen
 from ortgen import hookimpl
 from ortgen.serve.engine import Engine, QueueFull
+from tests.server_helpers import running_engine
 from tests.tiny_models import export_tiny
 
 
@@ -67,17 +66,6 @@ async def _collect(engine: Engine, prompt: list[int], settings: dict):
     return handle, pieces
 
 
-@contextlib.contextmanager
-def _running(gen, **limits) -> Iterator[Engine]:
-    """An engine with its loop thread started, shut down however the test ends."""
-    engine = Engine(gen, **limits)
-    engine.start()
-    try:
-        yield engine
-    finally:
-        engine.shutdown()
-
-
 def _run(engine: Engine, jobs):
     async def main():
         return await asyncio.gather(*[_collect(engine, p, s) for p, s in jobs])
@@ -97,7 +85,8 @@ def optimum_chat(tiny_root: Path):
 def test_concurrent_requests_equal_each_request_alone(graph, request) -> None:
     gen = request.getfixturevalue(graph)
     jobs = _requests(gen, 16)
-    with _running(gen, max_batch=6) as engine:  # more requests than rows: some wait, then join
+    # more requests than rows: some wait, then join
+    with running_engine(gen, max_batch=6) as engine:
         results = _run(engine, jobs)
     for (prompt, settings), (_handle, pieces) in zip(jobs, results, strict=True):
         alone = gen.generate([prompt], **settings)
@@ -118,7 +107,7 @@ def test_a_failing_component_fails_only_its_request(fused_chat) -> None:
     jobs = _requests(gen, 5)
     jobs[2] = (jobs[2][0], {**jobs[2][1], "logits_processors": [{"name": "explodes"}]})
     jobs[2][1].update(max_new_tokens=20, stop_strings=None)
-    with _running(gen, max_batch=8) as engine:
+    with running_engine(gen, max_batch=8) as engine:
         results = _run(engine, jobs)
     failed_handle, failed = results[2]
     assert failed[-1].finish_reason == "error"
@@ -146,7 +135,7 @@ def test_a_cancelled_request_leaves_and_the_others_go_on(fused_chat) -> None:
                 doomed.cancel()
         return got, await kept
 
-    with _running(gen, max_batch=4) as engine:
+    with running_engine(gen, max_batch=4) as engine:
         got, (_handle, pieces) = asyncio.run(main())
     assert got < 60
     assert [p.token for p in pieces] == gen.generate([other], **settings).tokens[0]
@@ -191,7 +180,7 @@ def test_a_new_request_joins_without_waiting_for_the_batch(fused_chat) -> None:
         short = engine.submit(gen.tokenizer.encode("short"), {**settings, "max_new_tokens": 3})
         await asyncio.gather(drain("long", long), drain("short", short))
 
-    with _running(gen, max_batch=4) as engine:
+    with running_engine(gen, max_batch=4) as engine:
         asyncio.run(main())
     assert order == ["short", "long"]  # it joined the running batch and left it first
 
@@ -206,7 +195,7 @@ def test_rows_with_the_same_prompt_share_one_prefill(fused_chat) -> None:
         for seed in (1, 2, 3, 4)
     ]
     jobs.append((prompt, {"max_new_tokens": 12, "eos_token_id": None}))  # greedy, same prompt
-    with _running(gen, max_batch=8) as engine:
+    with running_engine(gen, max_batch=8) as engine:
         results = _run(engine, jobs)
     for (row_prompt, settings), (_handle, pieces) in zip(jobs, results, strict=True):
         alone = gen.generate([row_prompt], **settings)

@@ -6,8 +6,6 @@ several-token prefill computed."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +13,10 @@ import onnxruntime as ort
 import pytest
 
 import ortgen
+from ortgen.plugins.kv_prefix import common_prefix_length
 from ortgen.serve.engine import Engine
-from ortgen.serve.slots import common_prefix_length, exact_length, shareable_count
+from ortgen.serve.slots import exact_length, shareable_count
+from tests.server_helpers import running_engine
 from tests.tiny_models import export_tiny
 
 
@@ -24,16 +24,6 @@ from tests.tiny_models import export_tiny
 def fused_chat(tiny_root: Path):
     folder = export_tiny("llama", tiny_root / "serve-slots", with_tokenizer=True, graph="fused")
     return ortgen.load(folder, threads=1)
-
-
-@contextlib.contextmanager
-def _running(gen, **options) -> Iterator[Engine]:
-    engine = Engine(gen, **options)
-    engine.start()
-    try:
-        yield engine
-    finally:
-        engine.shutdown()
 
 
 async def _tokens(engine: Engine, prompt: list[int], settings: dict) -> list[int]:
@@ -110,7 +100,7 @@ def test_requests_share_a_common_prefix_and_each_equals_it_alone(fused_chat, arr
     header = min(common_prefix_length(jobs[0][0], p) for p, _ in jobs)
     assert header > 40
     run = _at_once if arrival == "at once" else _one_by_one
-    with _running(gen, max_batch=4) as engine:  # 6 rows, 4 slots: some join later
+    with running_engine(gen, max_batch=4) as engine:  # 6 rows, 4 slots: some join later
         got = run(engine, jobs)
     for (prompt, settings), tokens in zip(jobs, got, strict=True):
         assert tokens == gen.generate([prompt], **settings).tokens[0], settings
@@ -122,7 +112,7 @@ def test_requests_share_a_common_prefix_and_each_equals_it_alone(fused_chat, arr
 def test_no_prefix_sharing_feeds_every_prompt_whole(fused_chat) -> None:
     gen = fused_chat
     jobs = _system_prompt_jobs(gen, 4)
-    with _running(gen, max_batch=4, share_prefixes=False) as engine:
+    with running_engine(gen, max_batch=4, share_prefixes=False) as engine:
         got = _at_once(engine, jobs)
     for (prompt, settings), tokens in zip(jobs, got, strict=True):
         assert tokens == gen.generate([prompt], **settings).tokens[0]
@@ -135,7 +125,7 @@ def test_generated_tokens_are_never_shared(fused_chat) -> None:
     gen = fused_chat
     first = gen.tokenizer.encode("Tell me about the sea: ")
     settings = {"max_new_tokens": 12, "eos_token_id": None}
-    with _running(gen, max_batch=2) as engine:
+    with running_engine(gen, max_batch=2) as engine:
         (answer,) = _one_by_one(engine, [(first, settings)])
         before = engine.stats.reused_prompt_tokens
         follow = first + answer + gen.tokenizer.encode(" and more")
@@ -237,7 +227,7 @@ def test_chats_sharing_the_system_prompt_equal_each_alone_on_the_default_model(
         )
     settings = {"max_new_tokens": 24, "min_new_tokens": 24, "do_sample": False}
     jobs = [(p, settings) for p in prompts]
-    with _running(gen, max_batch=4) as engine:
+    with running_engine(gen, max_batch=4) as engine:
         got = _at_once(engine, jobs)
     for (prompt, _), tokens in zip(jobs, got, strict=True):
         assert tokens == gen.generate([prompt], **settings).tokens[0]

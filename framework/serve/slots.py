@@ -31,11 +31,12 @@ import numpy as np
 import onnxruntime as ort
 
 from ortgen.plugins.caches import StaticCache
+from ortgen.plugins.kv_prefix import common_prefix_length
 
 from ..errors import InputError
 from ..feeding import PREFILL_CHUNK
 
-__all__ = ["SlotCache", "common_prefix_length", "exact_length", "shareable_count"]
+__all__ = ["SlotCache", "exact_length", "shareable_count"]
 
 
 def shareable_count(common: int, length: int, chunk: int = PREFILL_CHUNK) -> int:
@@ -168,11 +169,3 @@ class SlotCache(StaticCache):
         if len(prompts) != 1 or self.active != 1:
             return [0] * len(prompts)
         return [self.share_prefix(prompts[0], 0)]
-
-
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token sequences."""
-    for index, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return index
-    return min(len(a), len(b))
