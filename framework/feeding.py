@@ -120,8 +120,8 @@ class Feeding:
         if start < self.prompt_length:  # cumsum(mask) - 1, and 1 at pads
             seen = self.mask[:, :end]
             return np.where(seen == 0, 1, np.cumsum(seen, axis=1) - 1)[:, start:]
-        # every token from the prompt on is real: count back from the next position
-        return self._next_position[:, None] - (self.length - start) + np.arange(end - start)
+        # every token from the prompt on is real: a position is its column less the padding
+        return start - self._pads[:, None] + np.arange(end - start)
 
     def _forward_rows(self, start: int, end: int) -> np.ndarray:
         """Prefill positions [start, end) row by row, without the left padding.

@@ -64,8 +64,8 @@ class Generation(Feeding):
                 self.mask[row, self.prompt_length - len(prompt) : self.prompt_length] = 1
         self.length = self.prompt_length  # tokens in the buffer, per row (padding included)
         self.fed = 0  # positions the cache holds
-        self._next_position = self.mask.sum(axis=1)  # per row: position of the next token
-        self._pads = self.prompt_length - self._next_position  # per row, never changes
+        # per row, left padding columns: the next token's position is length - pads
+        self._pads = self.prompt_length - self.mask.sum(axis=1)
         self._prompt_end = np.full(batch, self.prompt_length)  # per row: generated from here
         self._solo: set[int] = set()  # ids of chains that see their one row without padding
         self._check_cache_signature(chain, model)
@@ -224,7 +224,6 @@ class Generation(Feeding):
             self.ids[:, self.length : self.length + width] = np.asarray(tokens, dtype=np.int64)
             self.mask[:, self.length : self.length + width] = 1
             self.length += width
-            self._next_position += width
         if self.fed >= self.length:
             raise InputError("force() needs tokens the model has not seen")
         return self._forward()
@@ -259,7 +258,6 @@ class Generation(Feeding):
         n = self.length
         self.ids[:, :n] = self.ids[parents, :n]
         self.mask[:, :n] = self.mask[parents, :n]
-        self._next_position = self._next_position[parents]
         self._pads = self._pads[parents]
         self._prompt_end = self._prompt_end[parents]
         self._reused = self._reused[parents]
@@ -335,7 +333,6 @@ class Generation(Feeding):
         self.ids[:, self.length : self.length + width] = np.asarray(tokens, dtype=np.int64)
         self.mask[:, self.length : self.length + width] = 1
         self.length += width
-        self._next_position += width
         if chain is not None:
             self.chain = chain
             self._groups = [(None, chain)]
@@ -360,7 +357,6 @@ class Generation(Feeding):
         self.length -= count
         self.mask[:, self.length :] = 0
         self.record.forget_steps(count)
-        self._next_position -= count
         self.prompt_length = min(self.prompt_length, self.length)  # into it: the rest is it
         np.minimum(self._prompt_end, self.length, out=self._prompt_end)
         if self.fed >= self.length:  # re-feed the last kept token to get its logits again
@@ -375,7 +371,6 @@ class Generation(Feeding):
         self.ids[:, self.length] = next_ids
         self.mask[:, self.length] = 1
         self.length += 1
-        self._next_position += 1
 
     def _stop(self, scores: np.ndarray | Candidates) -> None:
         """Each settings group's stopping criteria. Scores that were left as Candidates

@@ -183,10 +183,7 @@ class ContinuousBatch(Generation):
         mask[0, pad : end + 1] = 1
         self.ids = np.concatenate([self.ids, ids])
         self.mask = np.concatenate([self.mask, mask])
-        for name, value in (
-            ("_next_position", len(prompt) + 1), ("_pads", pad), ("_reused", 0),
-            ("_prompt_end", end),
-        ):  # fmt: skip
+        for name, value in (("_pads", pad), ("_reused", 0), ("_prompt_end", end)):
             setattr(self, name, np.append(getattr(self, name), value))
         self.unfinished = np.append(self.unfinished, True)
         self.finish_reasons.append(None)
@@ -256,7 +253,7 @@ class ContinuousBatch(Generation):
         index = np.asarray(order, dtype=np.int64)
         self.chain.cache.keep(index)
         self.ids, self.mask = self.ids[index], self.mask[index]
-        for name in ("_next_position", "_pads", "_reused", "_prompt_end", "unfinished"):
+        for name in ("_pads", "_reused", "_prompt_end", "unfinished"):
             setattr(self, name, getattr(self, name)[index])
         for name in ("finish_reasons", "_texts", "_row_chains", "errors"):
             values = getattr(self, name)
