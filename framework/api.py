@@ -105,6 +105,7 @@ class TextGenerator:
         *,
         threads: int | None = None,
         spinning: bool = False,
+        spin_us: int | None = None,
         plugins: Iterable[object] = (),
         disable_plugins: Iterable[str] = (),
         pipeline: Pipeline | None = None,
@@ -114,7 +115,7 @@ class TextGenerator:
         # the tokenizer first: parsing tokenizer.json briefly needs memory that is freed
         # again, and before the session loads that peak stays below the final RSS
         self.tokenizer: Tokenizer | None = load_tokenizer(self.path)
-        self.model = ExportedModel(self.path, threads=threads, spinning=spinning)
+        self.model = ExportedModel(self.path, threads=threads, spinning=spinning, spin_us=spin_us)
         self.plugin_manager = make_plugin_manager(disable=disable_plugins, extra=plugins)
         self.registry = build_registry(self.plugin_manager)
         #: state cache backends keep across requests of this model (see GenerationContext)
@@ -527,13 +528,19 @@ def load(
     pipeline: str | Path | Pipeline | None = None,
     threads: int | None = None,
     spinning: bool = False,
+    spin_us: int | None = None,
     plugins: Iterable[object] = (),
     disable_plugins: Iterable[str] = (),
 ) -> TextGenerator:
     """Load an exported model folder; without a path, the pipeline's ``model`` or else the
     default model (built on first use). ``pipeline`` (a pipeline file or a loaded
     :class:`~ortgen.pipeline.Pipeline`) becomes the pipeline layer of every call, and its
-    ``[plugins] disable`` list is honoured."""
+    ``[plugins] disable`` list is honoured. ``threads`` is onnxruntime's intra-op threads
+    (default: the usable cores); between two parallel ops its idle workers spin
+    ``spin_us`` microseconds before they sleep (None: ``ortgen.model.DEFAULT_SPIN_US``,
+    10; 0: never spin), or, with
+    ``spinning=True``, as long as onnxruntime's own policy says (fastest on an idle
+    machine, half speed on a busy one)."""
     if isinstance(pipeline, str | Path):
         pipeline = load_pipeline(pipeline)
     if path is None and pipeline is not None:
@@ -545,6 +552,7 @@ def load(
         path,
         threads=threads,
         spinning=spinning,
+        spin_us=spin_us,
         plugins=plugins,
         disable_plugins=disabled,
         pipeline=pipeline,

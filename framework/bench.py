@@ -26,6 +26,7 @@ class BenchSettings:
     prompt_ids: list[int] | None = None
     new_tokens: int = 128
     threads: int | None = 1
+    spin_us: int | None = None  # None: ortgen.model.DEFAULT_SPIN_US
     batch: int = 1
     cache: str | dict[str, Any] | None = None
     settings: dict[str, Any] | None = None
@@ -74,7 +75,7 @@ def run_bench(settings: BenchSettings) -> dict[str, Any]:
     from .api import load
 
     started = time.perf_counter()
-    gen = load(settings.model, threads=settings.threads)
+    gen = load(settings.model, threads=settings.threads, spin_us=settings.spin_us)
     load_s = time.perf_counter() - started
     prompts = prompts_for(gen, settings)
     call = dict(settings.settings or {})

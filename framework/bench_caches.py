@@ -58,7 +58,7 @@ def _add_quality(
     from .api import load
     from .quality import eval_ids, score_tokens
 
-    gen = load(settings.model, threads=settings.threads)
+    gen = load(settings.model, threads=settings.threads, spin_us=settings.spin_us)
     if gen.tokenizer is None:
         return
     ids = eval_ids(gen)[: settings.eval_tokens]

@@ -33,6 +33,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         prompt_ids=prompt_ids,
         new_tokens=args.new_tokens,
         threads=args.threads,
+        spin_us=args.spin_us,
         batch=args.batch,
         settings=_settings(args),
         quality=not args.no_quality,

@@ -31,6 +31,13 @@ SAMPLING_FLAGS = (
 def _add_model_flags(parser: argparse.ArgumentParser, *, pipeline: bool = True) -> None:
     parser.add_argument("-m", "--model", help="exported model folder (default: the built-in model)")
     parser.add_argument("--threads", type=int, help="onnxruntime intra-op threads (default: cores)")
+    parser.add_argument(
+        "--spin-us",
+        type=int,
+        metavar="US",
+        help="microseconds an idle onnxruntime thread spins before it sleeps (0: never; "
+        "default: a short spin, see docs/cli.md)",
+    )
     if pipeline:
         _add_pipeline_flag(parser)
 
@@ -100,7 +107,12 @@ def _key_value(item: str, error: str) -> tuple[str, Any]:
 def _load(args: argparse.Namespace):
     from .api import load
 
-    return load(args.model, threads=args.threads, pipeline=getattr(args, "pipeline", None))
+    return load(
+        args.model,
+        threads=args.threads,
+        spin_us=args.spin_us,
+        pipeline=getattr(args, "pipeline", None),
+    )
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -308,7 +320,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         from .api import load
 
-        job = functools.partial(run_job, load(args.model, pipeline=pipeline, threads=args.threads))
+        gen = load(args.model, pipeline=pipeline, threads=args.threads, spin_us=args.spin_us)
+        job = functools.partial(run_job, gen)
     try:
         job(
             args.input,

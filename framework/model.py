@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from .errors import ModelLoadError
+from .errors import InputError, ModelLoadError
 from .jsonfile import read_json_object
 
 MODEL_FILE = "model.onnx"
@@ -154,19 +154,39 @@ def available_cores() -> int:
     return os.cpu_count() or 1
 
 
-def session_options(threads: int | None = None, spinning: bool = False) -> ort.SessionOptions:
-    """CPU session options: ``threads`` intra-op threads (default: all cores), spinning off.
+#: How long (microseconds) an idle intra-op worker spins for the next parallel op
+#: before it sleeps, by default. A forward's ops follow one another within
+#: microseconds, so a short spin catches them without a wake-up each, while a busy
+#: machine loses no more than that per op. Measured on 2 cores, default model, 2
+#: threads (docs/benchmarks.md): 97-104 tok/s against 77-81 with no spin on an idle
+#: machine, 75-79 against 76 with the other core busy, where unbounded spinning
+#: (onnxruntime's own default) fell to 45-52.
+DEFAULT_SPIN_US = 10
 
-    Spinning threads busy-wait between ops; on a busy 2-core machine that halves
-    decode speed, so it is opt-in.
+
+def session_options(
+    threads: int | None = None, spinning: bool = False, spin_us: int | None = None
+) -> ort.SessionOptions:
+    """CPU session options: ``threads`` intra-op threads (default: all cores), sequential.
+
+    Idle workers spin ``spin_us`` microseconds (None: ``DEFAULT_SPIN_US``) before they
+    sleep (0: sleep at once);
+    ``spinning=True`` is onnxruntime's unbounded spinning instead, which halves decode
+    speed on a busy 2-core machine, so it is opt-in. One thread has no workers.
     """
+    if spin_us is None:
+        spin_us = DEFAULT_SPIN_US
+    if isinstance(spin_us, bool) or not isinstance(spin_us, int) or spin_us < 0:
+        raise InputError(f"spin_us must be a non-negative integer (microseconds), got {spin_us!r}")
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or available_cores()
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    flag = "1" if spinning else "0"
+    flag = "1" if spinning or spin_us else "0"
     options.add_session_config_entry("session.intra_op.allow_spinning", flag)
     options.add_session_config_entry("session.inter_op.allow_spinning", flag)
+    if not spinning and spin_us:
+        options.add_session_config_entry("session.intra_op.spin_duration_us", str(spin_us))
     options.log_severity_level = 3
     return options
 
@@ -180,7 +200,14 @@ class ExportedModel:
     Decode logits land in a preallocated (B, 1, V) buffer.
     """
 
-    def __init__(self, folder: str | Path, *, threads: int | None = None, spinning: bool = False):
+    def __init__(
+        self,
+        folder: str | Path,
+        *,
+        threads: int | None = None,
+        spinning: bool = False,
+        spin_us: int | None = None,
+    ):
         self.path = Path(folder)
         graph = self.path / MODEL_FILE
         if not self.path.is_dir():
@@ -191,9 +218,10 @@ class ExportedModel:
                 "(export one with `ortgen export SOURCE OUT`)"
             )
         self.threads = threads or available_cores()
+        options = session_options(threads, spinning, spin_us)
         try:
             self.session = ort.InferenceSession(
-                str(graph), session_options(threads, spinning), providers=["CPUExecutionProvider"]
+                str(graph), options, providers=["CPUExecutionProvider"]
             )
         except Exception as exc:  # onnxruntime raises its own exception types
             raise ModelLoadError(f"{graph}: onnxruntime cannot load it: {exc}") from exc

@@ -11,6 +11,7 @@ import pytest
 
 import ortgen
 from ortgen import hookimpl
+from ortgen.model import DEFAULT_SPIN_US
 
 PROMPTS = [[5, 17, 42, 99, 3, 64], [7, 8], [200, 13, 55, 1, 9, 9, 9, 31, 77]]
 FAIL_AT = 6  # the failing processor raises when asked for the 7th token (step 6)
@@ -112,13 +113,24 @@ def allow_spinning(gen) -> tuple[str, str]:
     )
 
 
+def spin_duration(gen) -> str | None:
+    """The bounded spin in microseconds, or None when the session sets none."""
+    options = gen.model.session.get_session_options()
+    try:
+        return options.get_session_config_entry("session.intra_op.spin_duration_us")
+    except RuntimeError:  # onnxruntime raises for a key that was never set
+        return None
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_threads_reach_the_session(tiny_model_dirs, threads):
     gen = ortgen.load(tiny_model_dirs["llama"][1], threads=threads)
     options = gen.model.session.get_session_options()
     assert options.intra_op_num_threads == threads
     assert options.inter_op_num_threads == 1
-    assert allow_spinning(gen) == ("0", "0")  # spinning off unless asked for
+    # by default a short bounded spin, not onnxruntime's unbounded one
+    assert allow_spinning(gen) == ("1", "1")
+    assert spin_duration(gen) == str(DEFAULT_SPIN_US)
 
 
 def test_default_threads_are_the_usable_cores(tiny_model_dirs):
@@ -128,12 +140,40 @@ def test_default_threads_are_the_usable_cores(tiny_model_dirs):
 
 
 def test_spinning_reaches_the_session(tiny_model_dirs):
-    on = ortgen.load(tiny_model_dirs["llama"][1], threads=1, spinning=True)
-    off = ortgen.load(tiny_model_dirs["llama"][1], threads=1, spinning=False)
-    assert allow_spinning(on) == ("1", "1")
-    assert allow_spinning(off) == ("0", "0")
+    folder = tiny_model_dirs["llama"][1]
+    on = ortgen.load(folder, threads=2, spinning=True)
+    never = ortgen.load(folder, threads=2, spin_us=0)
+    bounded = ortgen.load(folder, threads=2, spin_us=250)
+    assert (allow_spinning(on), spin_duration(on)) == (("1", "1"), None)
+    assert (allow_spinning(never), spin_duration(never)) == (("0", "0"), None)
+    assert (allow_spinning(bounded), spin_duration(bounded)) == (("1", "1"), "250")
     same = dict(max_new_tokens=6, eos_token_id=None)
-    assert on.generate(PROMPTS[0], **same).tokens == off.generate(PROMPTS[0], **same).tokens
+    tokens = on.generate(PROMPTS[0], **same).tokens
+    assert never.generate(PROMPTS[0], **same).tokens == tokens
+    assert bounded.generate(PROMPTS[0], **same).tokens == tokens
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, True, "10"])
+def test_bad_spin_us_is_refused(tiny_model_dirs, bad):
+    with pytest.raises(ortgen.InputError, match="spin_us must be a non-negative integer"):
+        ortgen.load(tiny_model_dirs["llama"][1], spin_us=bad)
+
+
+def test_cli_spin_us_reaches_the_session(default_model_dir, monkeypatch):
+    from ortgen import cli
+
+    seen = {}
+    real = ortgen.api.load
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ortgen.api, "load", spy)
+    folder = str(default_model_dir)
+    argv = ["generate", "Hi", "-m", folder, "--spin-us", "0", "--max-new-tokens", "1"]
+    assert cli.main(argv) in (0, None)
+    assert seen["spin_us"] == 0
 
 
 # --------------------------------------------------------------------------- chat sessions

@@ -33,7 +33,13 @@ def main(args: argparse.Namespace) -> int:
 
     _check_flags(args)
     plugins = [_import_plugin(name) for name in args.plugin]
-    gen = load(args.model, threads=args.threads, pipeline=args.pipeline, plugins=plugins)
+    gen = load(
+        args.model,
+        threads=args.threads,
+        spin_us=args.spin_us,
+        pipeline=args.pipeline,
+        plugins=plugins,
+    )
     engine = Engine(
         gen,
         max_batch=args.max_batch,
