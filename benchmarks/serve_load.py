@@ -53,6 +53,8 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
         command += ["--threads", str(args.threads)]
     if args.no_prefix_sharing:
         command.append("--no-prefix-sharing")
+    if args.spin_us is not None:
+        command += ["--spin-us", str(args.spin_us)]
     server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert server.stdout is not None
     for line in server.stdout:
@@ -193,6 +195,7 @@ def main() -> None:
         action="store_true",
         help="start the server with --no-prefix-sharing (every prompt prefilled whole)",
     )
+    parser.add_argument("--spin-us", type=int, help="the server's --spin-us (default: its own)")
     args = parser.parse_args()
     server = None
     url = args.url
