@@ -316,6 +316,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             address=address,
             workers=workers,
             threads=args.threads,
+            spin_us=args.spin_us,
         )
     else:
         from .api import load

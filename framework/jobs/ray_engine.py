@@ -76,6 +76,7 @@ def run_ray_job(
     address: str | None = None,
     workers: int = 1,
     threads: int | None = None,
+    spin_us: int | None = None,
     batch_size: int = 8,
     window: int = 256,
     settings: Mapping[str, Any] | None = None,
@@ -85,9 +86,9 @@ def run_ray_job(
 
     ``address``: a running cluster (``HOST:PORT``); None starts a local Ray instance for
     this job. ``workers``: actors, each with the model loaded once, each reserving
-    ``threads`` CPUs (1 when None). The other arguments mean what they mean for
-    :func:`run_job`; the output is the same. Raises before any row runs when the job as
-    a whole cannot work."""
+    ``threads`` CPUs (1 when None); ``spin_us`` is their sessions' spin (see ``load``).
+    The other arguments mean what they mean for :func:`run_job`; the output is the same.
+    Raises before any row runs when the job as a whole cannot work."""
     check_sizes(batch_size, window)
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"workers must be an integer >= 1, got {workers!r}")
@@ -122,6 +123,7 @@ def run_ray_job(
                         "model": model,
                         "pipeline": pipeline,
                         "threads": threads,
+                        "spin_us": spin_us,
                         "settings": settings,
                         "batch_size": batch_size,
                     },
@@ -167,12 +169,13 @@ class _Worker:
         model: str | None,
         pipeline: Pipeline,
         threads: int | None,
+        spin_us: int | None,
         settings: dict[str, Any],
         batch_size: int,
     ) -> None:
         from ..api import load
 
-        gen = load(model, pipeline=pipeline, threads=threads)
+        gen = load(model, pipeline=pipeline, threads=threads, spin_us=spin_us)
         check_one_result_per_row(gen.resolve_config(settings).config.num_return_sequences)
         self.runner = RowRunner(gen, settings, batch_size)
         self.checker = RowChecker(self.runner.check_settings)
