@@ -170,9 +170,9 @@ def session_options(
     """CPU session options: ``threads`` intra-op threads (default: all cores), sequential.
 
     Idle workers spin ``spin_us`` microseconds (None: ``DEFAULT_SPIN_US``) before they
-    sleep (0: sleep at once);
-    ``spinning=True`` is onnxruntime's unbounded spinning instead, which halves decode
-    speed on a busy 2-core machine, so it is opt-in. One thread has no workers.
+    sleep (0: sleep at once). ``spinning=True`` is onnxruntime's unbounded spinning
+    instead, which halves decode speed on a busy 2-core machine, so it is opt-in. One
+    thread has no workers, and neither setting changes anything there.
     """
     if spin_us is None:
         spin_us = DEFAULT_SPIN_US
