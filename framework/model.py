@@ -164,6 +164,15 @@ def available_cores() -> int:
 DEFAULT_SPIN_US = 10
 
 
+def spin_duration(spin_us: int | None) -> int:
+    """``spin_us`` checked, None as ``DEFAULT_SPIN_US``: what a session will spin."""
+    if spin_us is None:
+        return DEFAULT_SPIN_US
+    if isinstance(spin_us, bool) or not isinstance(spin_us, int) or spin_us < 0:
+        raise InputError(f"spin_us must be a non-negative integer (microseconds), got {spin_us!r}")
+    return spin_us
+
+
 def session_options(
     threads: int | None = None, spinning: bool = False, spin_us: int | None = None
 ) -> ort.SessionOptions:
@@ -174,10 +183,7 @@ def session_options(
     instead, which halves decode speed on a busy 2-core machine, so it is opt-in. One
     thread has no workers, and neither setting changes anything there.
     """
-    if spin_us is None:
-        spin_us = DEFAULT_SPIN_US
-    if isinstance(spin_us, bool) or not isinstance(spin_us, int) or spin_us < 0:
-        raise InputError(f"spin_us must be a non-negative integer (microseconds), got {spin_us!r}")
+    spin_us = spin_duration(spin_us)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or available_cores()
     options.inter_op_num_threads = 1
