@@ -5,7 +5,7 @@ Split out of ``generate.py`` so the step object reads as the loop (forward → p
 one at a time where a shared-buffer graph needs it, what a cache already holds
 (``reuse``), and what it lets the graph see (``feed_mask``). ``Feeding`` is a mixin of
 ``Generation`` and uses its buffers (``ids``, ``mask``, ``length``, ``fed``, ``_pads``,
-``_reused``, ``chain``, ``model``, ``steps``).
+``_reused``, ``chain``, ``model``, ``_binding``, ``steps``).
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ class Feeding:
         presents = self._cache_call("outputs", mask.shape[1]) if self._cache_outputs else None
         past = self._cache_call("inputs")
         try:
-            logits, presents = self.model.forward(input_ids, mask, positions, past, presents)
+            logits, presents = self._binding.forward(input_ids, mask, positions, past, presents)
         except Exception as exc:  # onnxruntime rejects what the cache fed, typically
             raise ComponentError(
                 f"model forward failed at step {self.steps} with kv cache "

@@ -22,6 +22,7 @@ from .candidates import Candidates
 from .chain import Chain
 from .component_checks import check_ids, check_not_nan, check_stop
 from .errors import ComponentError, InputError
+from .exclusive import Exclusive
 from .feeding import PREFILL_CHUNK, Feeding
 from .model import ExportedModel
 from .step_record import StepRecord
@@ -52,6 +53,10 @@ class Generation(Feeding):
                 "stop on token ids with eos_token_id or a stopping criterion instead"
             )
         self.model = model
+        #: what this request binds to the model's session; never shared with another
+        self._binding = model.binding()
+        #: one thread drives a request at a time; a second one gets an error, not a race
+        self._driver = Exclusive("this request (a Generation step object)")
         self.chain = chain
         self.pad_token_id = pad_token_id
         self.prompt_length = max(len(p) for p in prompts)
@@ -144,6 +149,10 @@ class Generation(Feeding):
 
     def step(self) -> np.ndarray:
         """Pick one token per row; returns them (pad for rows already finished)."""
+        with self._driver.hold("step"):
+            return self._step()
+
+    def _step(self) -> np.ndarray:
         if self.is_done:
             raise InputError("generation is finished; append() more tokens to continue")
         logits = self._forward()
@@ -193,6 +202,10 @@ class Generation(Feeding):
                 name, sampler = chain.sampler
                 if not hasattr(sampler, "reseed"):
                     raise InputError(f"sampler {name!r} cannot be reseeded (no reseed method)")
+        with self._driver.hold("fork"):
+            return self._fork(seed)
+
+    def _fork(self, seed: int | None) -> Generation:
         cache = self._cache_call("fork")
         memo: dict[int, Any] = {id(self.model): self.model, id(self.chain.cache): cache}
         if self.tokenizer is not None:
@@ -218,6 +231,10 @@ class Generation(Feeding):
         cache calls as generation, so a cache backend is measured as it runs. Rows are
         not reopened and no text is kept: mix it with ``step()`` only knowingly.
         """
+        with self._driver.hold("force"):
+            return self._force(tokens)
+
+    def _force(self, tokens: Sequence[int]) -> np.ndarray:
         width = len(tokens)
         if width:
             self.reserve(self.length + width)
@@ -324,6 +341,10 @@ class Generation(Feeding):
         With ``chain`` this starts a new turn (a chat continuing): the new components
         take over (the cache stays), and ``generated()`` counts from after ``tokens``.
         """
+        with self._driver.hold("append"):
+            self._append(tokens, chain)
+
+    def _append(self, tokens: Sequence[Sequence[int]], chain: Chain | None) -> None:
         if len(tokens) != self.batch_size:
             raise InputError(f"append() needs one token list per row ({self.batch_size} rows)")
         width = len(tokens[0])
@@ -348,6 +369,10 @@ class Generation(Feeding):
         keeps at least one token, and what is left of the prompt becomes the prompt, so
         ``generated()`` then starts after it.
         """
+        with self._driver.hold("rewind"):
+            self._rewind(count)
+
+    def _rewind(self, count: int) -> None:
         shortest = self.length - int(self._pads.max())
         if not 0 < count < shortest:
             raise InputError(

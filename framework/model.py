@@ -29,6 +29,7 @@ import numpy as np
 import onnxruntime as ort
 
 from .errors import InputError, ModelLoadError
+from .exclusive import Exclusive
 from .jsonfile import read_json_object
 
 MODEL_FILE = "model.onnx"
@@ -200,10 +201,13 @@ def session_options(
 class ExportedModel:
     """One exported decoder: an onnxruntime session plus what the loop needs to drive it.
 
-    Every forward goes through one IOBinding: inputs are bound from numpy, past
-    keys/values from the cache, and outputs either to buffers the cache owns (a
-    static cache's shared past/present) or to fresh tensors onnxruntime allocates.
-    Decode logits land in a preallocated (B, 1, V) buffer.
+    The model holds only what every request shares and nobody writes: the session
+    (onnxruntime accepts concurrent ``run`` calls on one session), the graph's
+    signature and its config. What a forward binds — the IOBinding, the decode
+    ``input_ids`` and logits buffers, the record of what is bound — belongs to a
+    :class:`ForwardBinding`, one per request (``binding()``), so one loaded model
+    serves any number of threads without one request's forward writing into memory
+    another request bound.
     """
 
     def __init__(
@@ -234,12 +238,56 @@ class ExportedModel:
         self.config = read_model_config(self.path)
         self.signature = read_signature(self.session, graph)
         self.max_context = _max_context(self.config)
-        self._binding = self.session.io_binding()
+
+    def binding(self) -> ForwardBinding:
+        """A new binding for one request's forwards (see :class:`ForwardBinding`)."""
+        return ForwardBinding(self)
+
+    def forward(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        position_ids: np.ndarray | None,
+        past: dict[str, Any],
+        presents: list[ort.OrtValue] | None = None,
+    ) -> tuple[np.ndarray, list[Any]]:
+        """One forward through a binding of its own (see ``ForwardBinding.forward``).
+
+        For one-off forwards (scoring, tests); a request that runs many forwards keeps
+        one ``binding()`` so that what stays bound is not bound again each step. The
+        logits are the caller's: nothing else writes into them.
+        """
+        return ForwardBinding(self).forward(input_ids, attention_mask, position_ids, past, presents)
+
+
+class ForwardBinding:
+    """What one request binds to the model's session: IOBinding and decode buffers.
+
+    Decode steps reuse what they bound before (the ``input_ids`` buffer, the logits
+    buffer, a static cache's past/present buffers): after a forward has swept the
+    caches, each binding call costs tens of microseconds of cold code. Those buffers
+    are written by onnxruntime during the request's own ``run``, so they must belong
+    to the request: a binding is not shared between requests, and a thread that
+    calls ``forward`` while another thread's forward on the same binding runs gets an
+    :class:`~ortgen.errors.InputError` (``Exclusive``), never memory onnxruntime writes
+    under it.
+    """
+
+    def __init__(self, model: ExportedModel) -> None:
+        self.model = model
+        self._session = model.session
+        self._signature = model.signature
+        self._binding = model.session.io_binding()
         self._bound: tuple[Any, Any] = (None, None)  # the past feeds and presents bound last
         # batch -> the (B, 1, V) decode logits buffer and its numpy view (made once)
         self._decode_logits: dict[int, tuple[ort.OrtValue, np.ndarray]] = {}
         self._bound_logits: ort.OrtValue | None = None  # the logits buffer bound last
         self._bound_ids: np.ndarray | None = None  # the decode input_ids buffer, while bound
+        self._running = Exclusive(f"a forward binding of {model.path}")
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ForwardBinding:
+        """A copy of a request (``Generation.fork``) binds its own buffers."""
+        return ForwardBinding(self.model)
 
     def forward(
         self,
@@ -253,13 +301,25 @@ class ExportedModel:
 
         The logits are (B, T, V), or (B, 1, V) when the graph keeps only the last
         position (fused exports prune the LM head). For decode (T = 1) they are a view
-        of a buffer the next decode forward overwrites: copy what must outlive it.
-        ``past`` maps past input names to arrays or OrtValues; ``presents`` are output
-        buffers to write into (a static cache's), or None to let onnxruntime allocate
-        them. Unchanged past/present buffers are not bound again.
+        of this binding's buffer, which its next decode forward overwrites: copy what
+        must outlive it. ``past`` maps past input names to arrays or OrtValues;
+        ``presents`` are output buffers to write into (a static cache's), or None to
+        let onnxruntime allocate them. Unchanged past/present buffers are not bound
+        again.
         """
+        with self._running.hold("forward"):
+            return self._forward(input_ids, attention_mask, position_ids, past, presents)
+
+    def _forward(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        position_ids: np.ndarray | None,
+        past: dict[str, Any],
+        presents: list[ort.OrtValue] | None,
+    ) -> tuple[np.ndarray, list[Any]]:
         binding = self._binding
-        signature = self.signature
+        signature = self._signature
         batch, width = input_ids.shape
         if width == 1:  # decode: the next ids go into a buffer that stays bound
             ids = self._decode_ids(batch)
@@ -288,7 +348,7 @@ class ExportedModel:
                 else:
                     binding.bind_ortvalue_output(name, presents[index])
             self._bound = (past, presents) if presents is not None else (None, None)
-        self.session.run_with_iobinding(binding)
+        self._session.run_with_iobinding(binding)
         if logits_view is not None and presents is not None:  # nothing new to collect
             return logits_view, presents
         outputs = binding.get_outputs()  # in binding order: logits first
@@ -309,7 +369,7 @@ class ExportedModel:
         right after a forward, asking the OrtValue for a view costs ~10 us of cold code."""
         held = self._decode_logits.get(batch)
         if held is None:
-            shape = (batch, 1, self.signature.vocab_size)
+            shape = (batch, 1, self._signature.vocab_size)
             buffer = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float32)
             held = (buffer, buffer.numpy())  # a view: the buffer's memory, not a copy
             self._decode_logits = {batch: held}  # keep one: batch sizes rarely alternate

@@ -16,6 +16,7 @@ the shortest reuse ends).
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,11 +51,17 @@ class _Entry:
 
 
 class PrefixStore:
-    """Token sequences with their keys/values, least recently used first out."""
+    """Token sequences with their keys/values, least recently used first out.
+
+    One store serves every request of a loaded model, from any thread: a lock keeps
+    its entries whole. An entry's arrays are never written after it is stored, so a
+    request copies them in without holding the lock.
+    """
 
     def __init__(self, signature: Any, max_bytes: int) -> None:
         self.signature = signature
         self.max_bytes = max_bytes
+        self._lock = threading.Lock()
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._next_key = 0
         self.hits = 0
@@ -62,6 +69,10 @@ class PrefixStore:
 
     @property
     def nbytes(self) -> int:
+        with self._lock:
+            return self._nbytes()
+
+    def _nbytes(self) -> int:
         return sum(e.nbytes for e in self._entries.values())
 
     def __len__(self) -> int:
@@ -69,6 +80,10 @@ class PrefixStore:
 
     def longest(self, tokens: np.ndarray, limit: int) -> tuple[_Entry | None, int]:
         """The entry sharing the longest start with ``tokens`` (at most ``limit``)."""
+        with self._lock:
+            return self._longest(tokens, limit)
+
+    def _longest(self, tokens: np.ndarray, limit: int) -> tuple[_Entry | None, int]:
         best, best_length, best_key = None, 0, None
         for key, entry in self._entries.items():
             n = min(len(entry.tokens), len(tokens), limit)
@@ -83,6 +98,10 @@ class PrefixStore:
 
     def add(self, tokens: np.ndarray, arrays: list[np.ndarray]) -> None:
         """Keep ``tokens`` and their keys/values; entries that are a start of them go."""
+        with self._lock:
+            self._add(tokens, arrays)
+
+    def _add(self, tokens: np.ndarray, arrays: list[np.ndarray]) -> None:
         for key, entry in list(self._entries.items()):
             n = len(entry.tokens)
             if n <= len(tokens) and (entry.tokens == tokens[:n]).all():
@@ -95,7 +114,7 @@ class PrefixStore:
             return
         self._entries[self._next_key] = entry
         self._next_key += 1
-        while self.nbytes > self.max_bytes:
+        while self._nbytes() > self.max_bytes:
             self._entries.popitem(last=False)
 
 
@@ -119,10 +138,10 @@ class PrefixCache(StaticCache):
             raise ValueError(f"max_bytes must be a non-negative integer, got {max_bytes!r}")
         super().__init__(ctx=ctx, capacity=capacity)
         self.signature = ctx.signature
-        store = ctx.model_state.get("prefix")
-        if store is None or store.signature != ctx.signature:
-            store = PrefixStore(ctx.signature, max_bytes)
-            ctx.model_state["prefix"] = store
+        # setdefault: two threads starting the model's first requests get one store
+        store = ctx.model_state.setdefault("prefix", PrefixStore(ctx.signature, max_bytes))
+        if store.signature != ctx.signature:  # a context shared by another graph's requests
+            store = ctx.model_state["prefix"] = PrefixStore(ctx.signature, max_bytes)
         store.max_bytes = max_bytes
         self.store: PrefixStore = store
         self._prompt_length = ctx.prompt_length

@@ -226,9 +226,14 @@ def test_chats_sharing_the_system_prompt_equal_each_alone_on_the_default_model(
             "to a whole one, so shared prefixes may flip near-ties"
         )
     settings = {"max_new_tokens": 24, "min_new_tokens": 24, "do_sample": False}
+    alone = [gen.generate([prompt], **settings).tokens[0] for prompt in prompts]
+    if gen.generate(prompts, **settings).tokens != alone:
+        pytest.skip(
+            "on this CPU the int8-activation graph's kernels round a batch's rows differently "
+            "from one row alone (seen on an AMD EPYC VM), so any batch may flip near-ties"
+        )
     jobs = [(p, settings) for p in prompts]
     with running_engine(gen, max_batch=4) as engine:
         got = _at_once(engine, jobs)
-    for (prompt, _), tokens in zip(jobs, got, strict=True):
-        assert tokens == gen.generate([prompt], **settings).tokens[0]
+    assert got == alone
     assert engine.stats.reused_prompt_tokens >= 3 * header
