@@ -7,6 +7,7 @@ plugin module that only needs ``hookimpl`` and the protocols imports quickly.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,15 @@ from .errors import (
     PluginError,
 )
 from .hookspecs import hookimpl
-from .protocols import GenerationContext, KVCache, LogitsProcessor, Sampler, StoppingCriterion
+from .protocols import (
+    FollowsTokens,
+    ForcesTokens,
+    GenerationContext,
+    KVCache,
+    LogitsProcessor,
+    Sampler,
+    StoppingCriterion,
+)
 
 if TYPE_CHECKING:
     from .api import GenerationOutput, StreamPiece, TextGenerator, load
@@ -40,6 +49,7 @@ _LAZY = {
     "logits_processors": "chain",
 }
 _default: TextGenerator | None = None
+_default_lock = threading.Lock()  # two threads asking first load the default model once
 
 
 def __getattr__(name: str) -> Any:
@@ -52,10 +62,11 @@ def __getattr__(name: str) -> Any:
 
 def _default_generator() -> TextGenerator:
     global _default
-    if _default is None:
-        from .api import load
+    with _default_lock:
+        if _default is None:
+            from .api import load
 
-        _default = load()
+            _default = load()
     return _default
 
 
@@ -74,6 +85,8 @@ __all__ = [
     "ComponentError",
     "ConfigError",
     "ExportError",
+    "FollowsTokens",
+    "ForcesTokens",
     "Generation",
     "GenerationConfig",
     "GenerationContext",

@@ -27,6 +27,7 @@ from .pipeline import Pipeline, load_pipeline
 from .plugin_manager import build_registry, make_plugin_manager
 from .prompts import PromptEncoder
 from .protocols import GenerationContext
+from .structured_output import parse_json_output
 from .text import RowText, Tokenizer, load_tokenizer
 
 Prompt = prompts_mod.Prompt
@@ -70,6 +71,10 @@ class GenerationOutput:
     logits: list[np.ndarray] | None = None
     #: beam search: each returned sequence's score (sum of log-probs / length ** penalty)
     sequence_scores: list[float] | None = None
+    #: with a ``json_schema`` or ``json_object`` constraint: the parsed JSON (shaped like
+    #: ``text``), None for a row that did not end as whole JSON; ``parse_errors`` says why
+    parsed: Any = None
+    parse_errors: Any = None
 
 
 @dataclass
@@ -491,6 +496,31 @@ class TextGenerator:
         )
 
     def _output(self, state: Generation, single: bool, stats: dict[str, float]) -> GenerationOutput:
+        output = self._shape_output(state, single, stats)
+        if state.fast_forward_tokens:
+            output.stats["fast_forward_tokens"] = float(state.fast_forward_tokens)
+        if output.text is not None:
+            rows = len(output.tokens)
+            json_rows = [state.row_chain(min(r, state.batch_size - 1)).output_json
+                         for r in range(rows)] if not state.is_search else [
+                state.chain.output_json] * rows  # fmt: skip
+            if any(json_rows):
+                texts = [output.text] if isinstance(output.text, str) else output.text
+                parsed = [
+                    parse_json_output(text, reason) if wanted else (None, None)
+                    for text, reason, wanted in zip(
+                        texts, output.finish_reasons, json_rows, strict=True
+                    )
+                ]
+                values = [value for value, _ in parsed]
+                errors = [error for _, error in parsed]
+                output.parsed = values[0] if isinstance(output.text, str) else values
+                output.parse_errors = errors[0] if isinstance(output.text, str) else errors
+        return output
+
+    def _shape_output(
+        self, state: Generation, single: bool, stats: dict[str, float]
+    ) -> GenerationOutput:
         steps = state.steps
         if "prefill_s" in stats and steps > 1 and "total_s" in stats:
             stats["decode_ms_per_token"] = (

@@ -96,6 +96,17 @@ class Candidates:
         return cls(packed, flat, slots, flat - rows * vocab, starts, vocab)
 
     @classmethod
+    def point(cls, tokens: np.ndarray, vocab: int) -> Candidates:
+        """One certain token per row (score 0, log-probability 0): ``tokens`` (B,)."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        batch = tokens.shape[0]
+        rows = np.arange(batch)
+        flat = rows * vocab + tokens
+        packed = np.zeros((batch, 1), dtype=np.float32)
+        slots: np.ndarray | slice = slice(0, 1) if batch == 1 else rows
+        return cls(packed, flat, slots, tokens.copy(), rows, vocab)
+
+    @classmethod
     def find(cls, scores: np.ndarray) -> Candidates | None:
         """The scores that are not ``-inf``, or None when more than 1/16 of them are.
 

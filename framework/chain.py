@@ -13,9 +13,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import scoring
+from . import scoring, structured_settings
 from .config import GenerationConfig
-from .protocols import GenerationContext, KVCache, LogitsProcessor, Sampler, StoppingCriterion
+from .protocols import (
+    FollowsTokens,
+    ForcesTokens,
+    GenerationContext,
+    KVCache,
+    LogitsProcessor,
+    Sampler,
+    StoppingCriterion,
+)
 from .registry import Registry
 
 Spec = tuple[str, dict[str, Any]]
@@ -34,6 +42,17 @@ class Chain:
     stop_strings: tuple[str, ...] = ()
     #: what to keep besides tokens: {"logprobs", "top_logprobs", "scores", "logits"}
     record: dict[str, Any] = field(default_factory=dict)
+    #: the output is JSON (a ``json_schema`` or ``json_object`` constraint): parse it
+    output_json: bool = False
+    #: the components that follow each row's tokens (``FollowsTokens``), and those of
+    #: them that may know a row's next tokens (``ForcesTokens``); found once, here
+    followers: list[tuple[str, FollowsTokens]] = field(default_factory=list)
+    forcers: list[tuple[str, ForcesTokens]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        components = [*self.processors, self.sampler, *self.stopping]
+        self.followers = [(n, c) for n, c in components if isinstance(c, FollowsTokens)]
+        self.forcers = [(n, c) for n, c in self.followers if isinstance(c, ForcesTokens)]
 
 
 def processor_specs(config: GenerationConfig, ctx: GenerationContext | None = None) -> list[Spec]:
@@ -108,6 +127,11 @@ def processor_specs(config: GenerationConfig, ctx: GenerationContext | None = No
         }
         specs.append(("begin_suppress_tokens", begin))
     specs.extend(_explicit(c.logits_processors))
+    structured = structured_settings.constraint(c)
+    if structured is not None:  # after every token rule, before the warpers
+        key, value = structured
+        params = {key: list(value) if key == "choice" else value, "fast_forward": c.fast_forward}
+        specs.append(("grammar", params))
     if c.do_sample:
         # beams keep a non-EOS continuation alive, as transformers does
         keep = {"min_tokens_to_keep": (len(eos) + 1 if eos else 2) if c.num_beams > 1 else 1}
@@ -202,6 +226,7 @@ def build_chain(
         cache=cache_backend,
         cache_name=cache_name,
         stop_strings=tuple(config.stop_strings or ()),
+        output_json=config.json_schema is not None or config.json_object,
         record={  # with beams the search strategy keeps the chosen tokens' logprobs
             "logprobs": config.logprobs and config.num_beams == 1,
             "top_logprobs": config.top_logprobs if config.num_beams == 1 else 0,

@@ -147,6 +147,15 @@ class GenerationConfig:
     eos_token_id: int | tuple[int, ...] | None = None
     pad_token_id: int | None = None
     bos_token_id: int | None = None
+    # structured output: at most one (the ``grammar`` logits processor, on llguidance)
+    json_schema: Mapping[str, Any] | None = None
+    json_object: bool = False
+    regex: str | None = None
+    grammar: str | None = None
+    choice: tuple[str, ...] | None = None
+    #: take the tokens a constraint forces (``{"`` after ``{``) without sampling them;
+    #: when every row is forced, they cost no forward of their own
+    fast_forward: bool = True
     # ortgen
     seed: int | None = None
     cache: Mapping[str, Any] | None = None  # None: the graph's own default (see chain.py)

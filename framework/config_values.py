@@ -13,6 +13,8 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from . import structured_settings
+
 if TYPE_CHECKING:
     from .config import GenerationConfig
 
@@ -66,6 +68,8 @@ BOOL_FIELDS = frozenset(
         "output_scores",
         "output_logits",
         "logprobs",
+        "json_object",
+        "fast_forward",
     }
 )
 TOKEN_LIST_FIELDS = frozenset({"suppress_tokens", "begin_suppress_tokens"})
@@ -113,6 +117,8 @@ def normalise(key: str, value: Any) -> Any:
         return tuple(strings)
     if key in ("cache", "sampler"):
         return component_spec(value)
+    if key in structured_settings.CONSTRAINT_FIELDS:
+        return structured_settings.normalise(key, value)
     if key in ("logits_processors", "stopping_criteria"):
         specs = [value] if isinstance(value, str | Mapping) else value
         if not isinstance(specs, list | tuple):
@@ -303,4 +309,5 @@ def validate(config: GenerationConfig) -> list[str]:
     for key in ("pad_token_id", "bos_token_id", "forced_bos_token_id"):
         value = getattr(c, key)
         need(value is None or value >= 0, f"{key} must be >= 0, got {value}")
+    problems.extend(structured_settings.validate(c))
     return problems

@@ -24,12 +24,13 @@ from .component_checks import check_ids, check_not_nan, check_stop
 from .errors import ComponentError, InputError
 from .exclusive import Exclusive
 from .feeding import PREFILL_CHUNK, Feeding
+from .following import Following
 from .model import ExportedModel
 from .step_record import StepRecord
 from .text import RowText, Tokenizer
 
 
-class Generation(Feeding):
+class Generation(Feeding, Following):
     """One request's sequences and cache, advanced one token per row per ``step()``."""
 
     def __init__(
@@ -101,6 +102,7 @@ class Generation(Feeding):
         self._texts: list[RowText] = []
         self._new_texts()
         self.record = StepRecord(batch, max_length, **chain.record)
+        self._init_following()
 
     @property
     def batch_size(self) -> int:
@@ -114,6 +116,13 @@ class Generation(Feeding):
     def sequences(self) -> np.ndarray:
         """(B, T) left-padded prompts and generated tokens; a view of the buffer."""
         return self.ids[:, : self.length]
+
+    def row_chain(self, row: int) -> Chain:
+        """The components ``row`` runs with (its settings group's chain)."""
+        for rows, chain in self._groups:
+            if rows is None or row in rows:
+                return chain
+        raise InputError(f"no row {row} in a batch of {self.batch_size}")
 
     def generated(self, row: int) -> list[int]:
         """Tokens generated for ``row``: no prompt, no padding after it finished."""
@@ -155,8 +164,14 @@ class Generation(Feeding):
     def _step(self) -> np.ndarray:
         if self.is_done:
             raise InputError("generation is finished; append() more tokens to continue")
-        logits = self._forward()
-        next_ids, scores = self._pick(self.ids[:, : self.length], logits)
+        forced = self._forced_column()  # tokens a component knows for certain, if any
+        logits: np.ndarray | None
+        if forced is not None and self._skips_forward(forced):  # fed with the next step's
+            logits = None
+            next_ids, scores = self._forced_pick(forced)
+        else:
+            logits = self._forward()
+            next_ids, scores = self._pick(self.ids[:, : self.length], logits, forced)
         parents = getattr(self._groups[0][1].sampler[1], "parents", None)
         if parents is not None:  # a search strategy moved its beams: follow them
             self._reorder(np.asarray(parents, dtype=np.int64))
@@ -170,6 +185,7 @@ class Generation(Feeding):
             self.record.reserve(self.ids.shape[1])
             self.record.record(self.length, next_ids, logits, scoring.dense(scores))
         self._append_column(next_ids)
+        self._advance_column(next_ids, active)
         stopped = self._push_text(next_ids, active)
         self._stop(scores)
         for row in stopped:  # after the criteria: an EOS in the same step keeps its reason
@@ -178,6 +194,7 @@ class Generation(Feeding):
             for row in np.flatnonzero(self.unfinished).tolist():
                 self.finish(row, "search_done")
         self.steps += 1
+        self._take_forced(forced)
         if self.is_done and hasattr(self.chain.cache, "remember"):
             self._cache_call("remember", self._held_rows())
         return next_ids
@@ -210,6 +227,10 @@ class Generation(Feeding):
         memo: dict[int, Any] = {id(self.model): self.model, id(self.chain.cache): cache}
         if self.tokenizer is not None:
             memo[id(self.tokenizer)] = self.tokenizer
+        for _, chain in self._groups:  # components with native state copy themselves
+            for name, component in chain.followers:
+                if hasattr(component, "fork") and id(component) not in memo:
+                    memo[id(component)] = self._tell("fork", name, component)
         try:
             twin = copy.deepcopy(self, memo)
         except Exception as exc:
@@ -279,18 +300,21 @@ class Generation(Feeding):
         self._prompt_end = self._prompt_end[parents]
         self._reused = self._reused[parents]
         self._cache_call("reorder", parents)
+        self._reorder_followers(parents)
 
     def _pick(
-        self, input_ids: np.ndarray, logits: np.ndarray
+        self, input_ids: np.ndarray, logits: np.ndarray, forced: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray | Candidates]:
-        """Each settings group's processors and sampler on its rows; (next ids, scores)."""
+        """Each settings group's processors and sampler on its rows; (next ids, scores).
+        ``forced``: per row, a token it must take (-1: none), or None."""
         if len(self._groups) == 1:
-            return self._pick_group(self._groups[0][1], input_ids, logits)
+            return self._pick_group(self._groups[0][1], input_ids, logits, forced)
         next_ids = np.empty(self.batch_size, dtype=np.int64)
         scores = np.empty_like(logits)
         for rows, chain in self._groups:
             ids, group_logits = self._group_view(rows, chain, input_ids, logits)
-            next_ids[rows], group_scores = self._pick_group(chain, ids, group_logits)
+            group_forced = forced[rows] if forced is not None else None
+            next_ids[rows], group_scores = self._pick_group(chain, ids, group_logits, group_forced)
             scores[rows] = scoring.dense(group_scores)
         return next_ids, scores
 
@@ -310,9 +334,14 @@ class Generation(Feeding):
         return input_ids[rows], None if scores is None else scores[rows]
 
     def _pick_group(
-        self, chain: Chain, input_ids: np.ndarray, logits: np.ndarray
+        self,
+        chain: Chain,
+        input_ids: np.ndarray,
+        logits: np.ndarray,
+        forced: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray | Candidates]:
-        """(next ids, processed scores: dense, or Candidates when the chain left few)."""
+        """(next ids, processed scores: dense, or Candidates when the chain left few).
+        Rows with a ``forced`` token (>= 0) see a point mass on it."""
         scores = scoring.process(
             chain.processors, input_ids, logits, step=self.steps, call=self._call
         )
@@ -320,9 +349,19 @@ class Generation(Feeding):
         # be NaN everywhere (the scores outside them are -inf)
         if chain.processors and not isinstance(scores, Candidates):
             check_not_nan(scores, chain, self.steps)
+        scores = self._force_scores(scores, forced)
+        next_ids = self._sample(chain, input_ids, scores)
+        if forced is not None:
+            self._check_forced(forced, next_ids)
+        return next_ids, scores
+
+    def _sample(
+        self, chain: Chain, input_ids: np.ndarray, scores: np.ndarray | Candidates
+    ) -> np.ndarray:
+        """The chain's sampler on processed scores, its answer checked."""
         next_ids = scoring.pick(chain.sampler, input_ids, scores, call=self._call)
-        batch, vocab = logits.shape
-        return check_ids(chain.sampler[0], next_ids, batch, vocab, self.steps), scores
+        batch, vocab = scores.shape
+        return check_ids(chain.sampler[0], next_ids, batch, vocab, self.steps)
 
     def finish(self, row: int, reason: str) -> None:
         """Mark ``row`` finished from outside the chain (e.g. a stop string in its text)."""
@@ -360,7 +399,11 @@ class Generation(Feeding):
             self.prompt_length = self.length
             self._prompt_end[:] = self.length
             self.record = StepRecord(self.batch_size, self.ids.shape[1], **chain.record)
+            self._note_components()
+        else:  # the same components go on: those that follow tokens are told
+            self._advance([list(map(int, row)) for row in tokens])
         self._reopen()
+        self._reset_forced()
 
     def rewind(self, count: int) -> None:
         """Forget the last ``count`` tokens of every row (and their cached keys/values).
@@ -379,6 +422,7 @@ class Generation(Feeding):
                 f"cannot rewind {count} tokens: the shortest row holds {shortest} "
                 "(a rewind keeps at least one token per row)"
             )
+        self._rewind_followers(self.length - count)
         self.length -= count
         self.mask[:, self.length :] = 0
         self.record.forget_steps(count)
@@ -388,6 +432,7 @@ class Generation(Feeding):
             self.fed = self.length - 1
             self._cache_call("crop", self.fed)
         self._reopen()
+        self._reset_forced()
 
     # -- internals ---------------------------------------------------------------
 

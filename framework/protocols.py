@@ -6,7 +6,7 @@ shape. Arrays are numpy and batch-first.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -36,6 +36,52 @@ class StoppingCriterion(Protocol):
     """``(input_ids (B,T), scores (B,V)) -> (B,) bool``; True = that row is finished."""
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray: ...
+
+
+@runtime_checkable
+class FollowsTokens(Protocol):
+    """Optional capability of any component (processor, sampler, stopping criterion) that
+    keeps state over each row's tokens, such as a grammar that must know where it is.
+
+    The loop tells it what happened, so it never has to diff ``input_ids`` to guess;
+    resolved once when the request's chain is built (``isinstance`` on this protocol).
+    Rows are the rows the component serves (its settings group, in its own order).
+
+    - ``advance(tokens)``: one list per row of the tokens appended to that row since
+      the last call (one sampled token, several forced ones, or none for a finished
+      row). Called after the tokens are in ``input_ids`` and before the next forward.
+    - ``rewind(counts)``: per row, forget the last ``counts[row]`` tokens it was told
+      (``Generation.rewind``, and speculation's rejected drafts); never more than told.
+    - ``reorder(rows)``: row ``i`` becomes a copy of old row ``rows[i]`` (beam search);
+      a row may be copied several times.
+
+    A fork of the request (``Generation.fork``) deep-copies every component; one that
+    holds native state gives a ``fork()`` returning its independent copy instead.
+    """
+
+    def advance(self, tokens: Sequence[Sequence[int]]) -> None: ...
+
+    def rewind(self, counts: Sequence[int]) -> None: ...
+
+    def reorder(self, rows: np.ndarray) -> None: ...
+
+
+@runtime_checkable
+class ForcesTokens(Protocol):
+    """Optional capability of a :class:`FollowsTokens` component that sometimes knows the
+    next tokens of a row for certain (a grammar whose only continuation is ``":"``).
+
+    ``forced_tokens(row)`` returns the tokens that must come next in ``row`` (empty when
+    the model has a choice). The loop takes them instead of sampling: the processed
+    scores of that row become a point mass on the token (log-probability 0), the
+    sampler picks it as it would any certain token (drawing its random number, so a
+    seeded row draws the same numbers however its tokens were fed), and when every
+    running row of the batch is forced the step needs no forward: the tokens are fed
+    together with the next sampled one (``stats["fast_forward_tokens"]``). Asked after
+    ``advance``, once per token it returned are used up.
+    """
+
+    def forced_tokens(self, row: int) -> Sequence[int]: ...
 
 
 @runtime_checkable

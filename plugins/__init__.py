@@ -11,6 +11,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "ortgen.plugins.truncation",
     "ortgen.plugins.openai_penalties",
     "ortgen.plugins.llamacpp",
+    "ortgen.plugins.grammar",
     "ortgen.plugins.stopping",
     "ortgen.plugins.caches",
     "ortgen.plugins.kv_window",

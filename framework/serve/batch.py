@@ -140,12 +140,12 @@ class ContinuousBatch(Generation):
                 "graphs, ConcatSlots on optimum graphs)"
             )
         chain.cache.set_active(1)  # a cache kept from an earlier batch starts over
+        self.errors: list[Exception | None] = [None]  # why each row failed, if it did
         super().__init__(
             model, chain, [prompt], max_length=len(prompt) + 2, pad_token_id=pad_token_id,
             tokenizer=tokenizer,
         )  # fmt: skip
         self._row_chains = [chain]
-        self.errors: list[Exception | None] = [None]
         self.record = RowLogs()  # type: ignore[assignment]
         self.record.top.append(logprobs)
         self.record.last.append(None)
@@ -190,6 +190,7 @@ class ContinuousBatch(Generation):
         if self.tokenizer is not None:
             self._texts.append(RowText(self.tokenizer, chain.stop_strings, history=[]))
         self._row_chains.append(chain)
+        self._forced.append([])
         self.errors.append(None)
         self.record.top.append(logprobs)
         self.record.last.append(None)
@@ -222,14 +223,21 @@ class ContinuousBatch(Generation):
         pad, end = int(self._pads[row]), int(self._prompt_end[row])
         rows = np.asarray([row])
         try:
-            picked, held = self._pick_group(chain, self.ids[row : row + 1, pad:end], logits)
+            self._refresh_forced([row])
+            forced = np.asarray([self._forced[row][0] if self._forced[row] else -1])
+            ids = self.ids[row : row + 1, pad:end]
+            picked, held = self._pick_group(chain, ids, logits, forced)
             scores = scoring.dense(held)
+            token = int(picked[0])
+            self.ids[row, end] = token
+            self._advance_row(row, token)
+            if forced[0] >= 0:
+                self._forced[row].pop(0)
+            self._refresh_forced([row])
         except Exception as exc:  # its own component: only this row fails
             self.errors[row] = exc
             self.finish(row, "error")
             return
-        token = int(picked[0])
-        self.ids[row, end] = token
         if self.record.top[row] >= 0:
             self.record.record_row(row, token, scores[0])
         stopped = bool(self._texts) and self._texts[row].push(token)
@@ -255,7 +263,7 @@ class ContinuousBatch(Generation):
         self.ids, self.mask = self.ids[index], self.mask[index]
         for name in ("_pads", "_reused", "_prompt_end", "unfinished"):
             setattr(self, name, getattr(self, name)[index])
-        for name in ("finish_reasons", "_texts", "_row_chains", "errors"):
+        for name in ("finish_reasons", "_texts", "_row_chains", "errors", "_forced"):
             values = getattr(self, name)
             if values:
                 setattr(self, name, [values[i] for i in order])
@@ -294,7 +302,41 @@ class ContinuousBatch(Generation):
             self.reused_tokens += taken
         return logits
 
-    def _pick(self, input_ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _skips_forward(self, forced: np.ndarray) -> bool:
+        """Forced tokens cost a forward each here: a step without one would run every
+        row's sampler outside the per-row error isolation of ``_pick``."""
+        return False
+
+    def _advance(self, tokens: list[list[int]]) -> None:
+        """Tell each row's followers its tokens; a follower that fails ends its row only."""
+        for row, chain in enumerate(self._row_chains):
+            if not chain.followers or self.errors[row] is not None or not tokens[row]:
+                continue
+            try:
+                for name, component in chain.followers:
+                    self._tell("advance", name, component, [tokens[row]])
+            except Exception as exc:
+                self.errors[row] = exc
+
+    def _refresh_forced(self, rows) -> None:
+        """Ask each row's forcers apart, so one that fails ends its row only."""
+        for row in list(rows):
+            if self.errors[row] is not None:
+                continue
+            try:
+                super()._refresh_forced([row])
+            except Exception as exc:
+                self.errors[row] = exc
+
+    def _advance_row(self, row: int, token: int) -> None:
+        """Tell the row's followers its first token (the batch's step tells the rest)."""
+        tokens: list[list[int]] = [[] for _ in range(self.batch_size)]
+        tokens[row] = [token]
+        self._advance(tokens)
+
+    def _pick(
+        self, input_ids: np.ndarray, logits: np.ndarray, forced: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         next_ids = np.full(self.batch_size, self.pad_token_id, dtype=np.int64)
         # each row's processed scores go over its logits: after the pick nothing reads
         # the raw ones (the first row's prefill logits were copied), and a row whose
@@ -306,7 +348,8 @@ class ContinuousBatch(Generation):
                 continue
             try:
                 ids, row_logits = self._group_view(rows, chain, input_ids, logits)
-                picked, row_scores = self._pick_group(chain, ids, row_logits)
+                row_forced = forced[rows] if forced is not None else None
+                picked, row_scores = self._pick_group(chain, ids, row_logits, row_forced)
             except Exception as exc:  # this request's component: only its row fails
                 self.errors[row] = exc
                 continue
@@ -329,6 +372,7 @@ class ContinuousBatch(Generation):
     def _regroup(self) -> None:
         self._groups = [(np.asarray([r]), c) for r, c in enumerate(self._row_chains)]
         self._solo = {id(c) for c in self._row_chains}
+        self._note_components()
 
     def _prefill_row(self, row: int, start: int, end: int) -> np.ndarray:
         """Feed the row's columns [start, end) alone, in chunks of ``prefill_chunk`` as

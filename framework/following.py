@@ -1,0 +1,190 @@
+"""Telling stateful components what happened to each row, and taking the tokens they force.
+
+Split out of ``generate.py`` as ``feeding.py`` is: the step object reads as the loop, and
+this file as the rules for components that follow the text (``FollowsTokens``: a
+grammar) and may know a row's next tokens (``ForcesTokens``). ``Following`` is a mixin of
+``Generation`` and uses its fields (``_groups``, ``unfinished``, ``ids``, ``length``,
+``_prompt_end``, ``steps``, ``record``) plus its own per-row queue ``_forced``.
+
+A forced token is taken, not sampled: after the processors, the forced row's scores
+become a point mass on it and the sampler picks it (drawing its random number, so a
+seeded row draws the same numbers whichever way its tokens were fed). When every
+running row is forced and nothing asked for the raw logits, the step runs no forward at
+all: its tokens are fed together with the next sampled token, in one forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from .candidates import Candidates
+from .chain import Chain
+from .errors import ComponentError
+
+
+class Following:
+    """How a step object keeps stateful components in step (see module doc)."""
+
+    def _init_following(self) -> None:
+        self._forced: list[list[int]] = [[] for _ in range(self.batch_size)]
+        #: tokens appended by forced steps that ran no forward of their own
+        self.fast_forward_tokens = 0
+        self._note_components()
+        self._refresh_forced(range(self.batch_size))
+
+    def _note_components(self) -> None:
+        """Whether any chain has components to tell (a request without pays nothing)."""
+        self._following = any(chain.followers for _, chain in self._groups)
+        self._forcing = any(chain.forcers for _, chain in self._groups) and not self.is_search
+
+    def _group_rows(self) -> Iterator[tuple[list[int], Chain]]:
+        """(batch rows in the chain's own order, chain) for chains that follow tokens."""
+        for rows, chain in self._groups:
+            if chain.followers:
+                yield (list(range(self.batch_size)) if rows is None else rows.tolist()), chain
+
+    def _tell(self, method: str, name: str, component: Any, *args: Any) -> Any:
+        try:
+            return getattr(component, method)(*args)
+        except ComponentError:
+            raise
+        except Exception as exc:
+            raise ComponentError(
+                f"component {name!r} failed in {method}() at step {self.steps}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+    # -- what happened --------------------------------------------------------------
+
+    def _advance(self, tokens: list[list[int]]) -> None:
+        """Tell followers the tokens each batch row gained (``tokens[row]``)."""
+        if not self._following:
+            return
+        for rows, chain in self._group_rows():
+            told = [tokens[row] for row in rows]
+            for name, component in chain.followers:
+                self._tell("advance", name, component, told)
+
+    def _advance_column(self, next_ids: np.ndarray, active: np.ndarray) -> None:
+        """Tell followers the token each running row gained this step."""
+        if self._following:
+            ids = next_ids.tolist()
+            self._advance([[ids[row]] if active[row] else [] for row in range(len(ids))])
+
+    def _rewind_followers(self, new_length: int) -> None:
+        """Before the buffer is cut to ``new_length``: each row forgets the tokens it
+        told followers that are cut (a finished row's padding was never told)."""
+        if not self._following:
+            return
+        counts = []
+        for row in range(self.batch_size):
+            end, start = self._end(row), int(self._prompt_end[row])
+            counts.append(max(0, end - start) - max(0, min(end, new_length) - start))
+        for rows, chain in self._group_rows():
+            for name, component in chain.followers:
+                self._tell("rewind", name, component, [counts[row] for row in rows])
+
+    def _reorder_followers(self, parents: np.ndarray) -> None:
+        """Rows became copies of ``parents`` (a search strategy's beams)."""
+        self._forced = [list(self._forced[p]) for p in parents.tolist()]
+        if not self._following:
+            return
+        for rows, chain in self._group_rows():
+            if len(rows) != self.batch_size:
+                raise ComponentError(
+                    "a search strategy moved rows across settings groups; components that "
+                    "follow tokens cannot follow them there"
+                )
+            for name, component in chain.followers:
+                self._tell("reorder", name, component, parents)
+
+    # -- forced tokens ----------------------------------------------------------------
+
+    def _refresh_forced(self, rows: Any) -> None:
+        """Ask forcers for the next tokens of ``rows`` whose queue is used up."""
+        if not self._forcing:
+            return
+        wanted = {row for row in rows if self.unfinished[row] and not self._forced[row]}
+        if not wanted:
+            return
+        for group_rows, chain in self._group_rows():
+            for index, row in enumerate(group_rows):
+                if row not in wanted:
+                    continue
+                for name, forcer in chain.forcers:
+                    tokens = self._tell("forced_tokens", name, forcer, index)
+                    if len(tokens):
+                        self._forced[row] = [int(t) for t in tokens]
+                        break
+
+    def _forced_column(self) -> np.ndarray | None:
+        """This step's forced token per row (-1: the row samples), or None for none."""
+        if not self._forcing:
+            return None
+        heads = [q[0] if q and self.unfinished[row] else -1 for row, q in enumerate(self._forced)]
+        if max(heads) < 0:
+            return None
+        return np.asarray(heads, dtype=np.int64)
+
+    def _skips_forward(self, forced: np.ndarray) -> bool:
+        """Whether this step needs no forward: past the prefill, every running row forced,
+        and no raw logits asked for (there would be none to record)."""
+        running = self.unfinished
+        return self.steps > 0 and bool((forced[running] >= 0).all()) and not self.record.want_logits
+
+    def _forced_pick(self, forced: np.ndarray) -> tuple[np.ndarray, Candidates]:
+        """A step without a forward: every running row takes its forced token (finished
+        rows their padding) through its sampler, which sees a point mass."""
+        tokens = np.where(forced >= 0, forced, self.pad_token_id)
+        vocab = self.model.signature.vocab_size
+        scores = Candidates.point(tokens, vocab)
+        input_ids = self.ids[:, : self.length]
+        next_ids = np.empty(self.batch_size, dtype=np.int64)
+        for rows, chain in self._groups:
+            if rows is None:
+                picked = self._sample(chain, input_ids, scores)
+                next_ids[:] = picked
+            else:
+                ids, _ = self._group_view(rows, chain, input_ids, None)
+                next_ids[rows] = self._sample(chain, ids, Candidates.point(tokens[rows], vocab))
+        self._check_forced(forced, next_ids)
+        self.fast_forward_tokens += int(self.unfinished.sum())
+        return next_ids, scores
+
+    def _force_scores(self, scores: Any, forced: np.ndarray | None) -> Any:
+        """Processed scores with each forced row (``forced[i] >= 0``) a point mass on its
+        token; the raw logits are never written."""
+        if forced is None or not (forced >= 0).any():
+            return scores
+        dense = scores.dense() if isinstance(scores, Candidates) else np.array(scores)
+        rows = np.flatnonzero(forced >= 0)
+        dense[rows] = -np.inf
+        dense[rows, forced[rows]] = 0.0
+        return dense
+
+    def _check_forced(self, forced: np.ndarray, next_ids: np.ndarray) -> None:
+        rows = np.flatnonzero(forced >= 0)
+        wrong = rows[next_ids[rows] != forced[rows]]
+        if wrong.size:
+            row = int(wrong[0])
+            raise ComponentError(
+                f"the sampler picked token {int(next_ids[row])} for row {row} at step "
+                f"{self.steps}, where token {int(forced[row])} was certain (a point mass)"
+            )
+
+    def _take_forced(self, forced: np.ndarray | None) -> None:
+        """Drop the forced tokens this step used, and ask for more where they ran out."""
+        if not self._forcing:
+            return
+        if forced is not None:
+            for row in np.flatnonzero(forced >= 0).tolist():
+                self._forced[row].pop(0)
+        self._refresh_forced(range(self.batch_size))
+
+    def _reset_forced(self) -> None:
+        """Forget every queue (the rows changed under it) and ask again."""
+        self._forced = [[] for _ in range(self.batch_size)]
+        self._refresh_forced(range(self.batch_size))

@@ -1,0 +1,246 @@
+"""The ``grammar`` logits processor: structured output on llguidance.
+
+Each row of the request gets a matcher for the constraint (a JSON Schema, any JSON
+object, a regular expression, a Lark grammar or a list of choices). Before the warpers,
+the processor keeps only the tokens the matcher allows, so temperature, top-k, top-p and
+min-p shape a distribution that cannot leave the grammar. It is a stateful component in
+the open (``FollowsTokens``): the loop tells it each row's new tokens (``advance``),
+rewinds (``rewind``), beam moves (``reorder``) and forks (``fork``); and where the
+grammar leaves one continuation (``{"name":`` after ``{``), it says so
+(``ForcesTokens``), so the loop takes those tokens without sampling them and, for a
+request whose rows are all forced, without a forward of their own.
+
+A finished grammar allows only the end-of-sequence token, so the row ends there; a row
+whose grammar allows no token at all (a contradiction with an earlier processor, or a
+token appended from outside that the grammar rejects) fails the request with an error
+naming the row, never a sample from nothing.
+
+Masks: llguidance writes one bit per token; a row that allows few tokens (JSON keys,
+punctuation, numbers) goes on as :class:`~ortgen.Candidates` (just those scores), a row
+that allows many (free text inside a string) as a dense copy with ``-inf`` elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ortgen import Candidates, ConfigError, GenerationContext, hookimpl
+
+from .grammar_compile import check_grammar, grammar_text, shared_tokenizer
+
+_SETTINGS = ("json_schema", "json_object", "regex", "grammar", "choice")
+_SHIFTS = np.arange(32, dtype=np.uint32)
+
+
+class GrammarConstraint:
+    """Keep each row inside one grammar (see module doc).
+
+    Args:
+        json_schema, json_object, regex, grammar, choice: the constraint; exactly one.
+        fast_forward: take the tokens the grammar forces without sampling them.
+    """
+
+    def __init__(
+        self,
+        *,
+        ctx: GenerationContext,
+        json_schema: dict[str, Any] | None = None,
+        json_object: bool = False,
+        regex: str | None = None,
+        grammar: str | None = None,
+        choice: Sequence[str] | None = None,
+        fast_forward: bool = True,
+    ) -> None:
+        import llguidance
+
+        given = {
+            key: value
+            for key, value in zip(
+                _SETTINGS, (json_schema, json_object, regex, grammar, choice), strict=True
+            )
+            if (value is not None if key == "json_schema" else value)
+        }
+        if len(given) != 1:
+            raise ConfigError(
+                f"give exactly one of {', '.join(_SETTINGS)} (got {', '.join(given) or 'none'})"
+            )
+        if ctx.tokenizer is None:
+            raise ConfigError(
+                "structured output needs the model's tokenizer (to know which text each token "
+                "is), and this model folder has none"
+            )
+        if not ctx.eos_token_ids:
+            raise ConfigError(
+                "a constrained row ends with an end-of-sequence token once its grammar is "
+                "complete, and eos_token_id is unset: set eos_token_id"
+            )
+        ((self.setting, value),) = given.items()
+        self.eos = tuple(int(t) for t in ctx.eos_token_ids)
+        self.vocab = ctx.vocab_size
+        self.fast_forward = bool(fast_forward)
+        self.tokenizer = shared_tokenizer(ctx.model_state, ctx.tokenizer, self.vocab, self.eos)
+        self.grammar = grammar_text(self.setting, value)
+        check_grammar(self.setting, self.grammar, self.tokenizer)
+        first = llguidance.LLMatcher(self.tokenizer, self.grammar)
+        if first.is_error():
+            raise ConfigError(f"{self.setting}: llguidance refused it: {_reason(first)}")
+        self.matchers = [first] + [first.deep_copy() for _ in range(ctx.batch_size - 1)]
+        words = (self.vocab + 31) // 32
+        self._bits = np.zeros((ctx.batch_size, words), dtype=np.int32)
+        self._held: tuple[int, np.ndarray] | None = None  # (id of scores, bits) of this step
+
+    # -- the mask ------------------------------------------------------------------
+
+    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        bits = self._mask_for(scores)
+        allowed = self._allowed_dense(bits, scores.shape)
+        out = np.array(scores, dtype=np.float32)
+        out[~allowed] = -np.inf
+        self._check_rows(out)
+        return out
+
+    def sparse(self, input_ids: np.ndarray, scores: np.ndarray | Candidates) -> Candidates | None:
+        """The allowed scores as Candidates when few tokens are allowed; None (the dense
+        ``__call__``) when many are, e.g. free text inside a JSON string."""
+        bits = self._mask_for(scores)
+        batch, vocab = scores.shape
+        words = np.flatnonzero(bits)
+        if isinstance(scores, Candidates):
+            rows = np.repeat(np.arange(batch), np.diff(np.append(scores.starts, scores.cols.size)))
+            held = (bits[rows, scores.cols >> 5].view(np.uint32) >> (scores.cols & 31)) & 1
+            remove = np.zeros(scores.packed.shape, dtype=bool)
+            remove.reshape(-1)[scores.slots] = held == 0
+            kept = scores.keep(remove)
+            self._check_rows(kept.packed)
+            return kept
+        if words.size * 4 > bits.size:  # many allowed: the dense mask is cheaper
+            return None
+        flat = self._allowed_flat(bits, words, vocab)
+        if flat.size * 16 > batch * vocab:  # above 1/16, Candidates cost more than they save
+            return None
+        kept = Candidates.at(np.asarray(scores, dtype=np.float32), flat)
+        self._check_rows(kept.packed)
+        return kept
+
+    def _mask_for(self, scores: Any) -> np.ndarray:
+        """This step's bits (B, words) int32, computed once for the scores they mask
+        (``sparse`` then ``__call__`` on the same scores); ``advance`` forgets them."""
+        if self._held is not None and self._held[0] == id(scores):
+            return self._held[1]
+        import llguidance.numpy
+
+        bits = self._bits
+        if bits.shape[0] != scores.shape[0]:
+            raise ValueError(f"expected {bits.shape[0]} rows of scores, got {scores.shape[0]}")
+        for row, matcher in enumerate(self.matchers):
+            if matcher.is_error():
+                raise ValueError(f"row {row}: the grammar failed: {_reason(matcher)}")
+            llguidance.numpy.fill_next_token_bitmask(matcher, bits, row)
+            if not bits[row].any():
+                why = _reason(matcher) or "no continuation"
+                raise ValueError(
+                    f"row {row}: the grammar allows no token here ({why}); the text so far "
+                    "cannot be completed"
+                )
+        self._held = (id(scores), bits)
+        return bits
+
+    @staticmethod
+    def _allowed_flat(bits: np.ndarray, words: np.ndarray, vocab: int) -> np.ndarray:
+        """Ascending flat (row * vocab + token) indices of the allowed tokens, from the
+        non-zero words only."""
+        width = bits.shape[1]
+        values = bits.reshape(-1)[words].view(np.uint32)
+        on = ((values[:, None] >> _SHIFTS) & 1).astype(bool)
+        rows, columns = np.divmod(words, width)
+        tokens = columns[:, None] * 32 + _SHIFTS.astype(np.int64)
+        flat = rows[:, None] * vocab + tokens
+        on &= tokens < vocab
+        return flat[on]
+
+    @staticmethod
+    def _allowed_dense(bits: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+        unpacked = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")
+        return unpacked[:, : shape[1]].astype(bool)
+
+    @staticmethod
+    def _check_rows(scores: np.ndarray) -> None:
+        """A row left with no finite score would be sampled from nothing: name it."""
+        dead = ~np.isfinite(scores).any(axis=1)
+        if dead.any():
+            row = int(np.flatnonzero(dead)[0])
+            raise ValueError(
+                f"row {row}: every token the grammar allows here was removed by an earlier "
+                "processor (bad_words_ids, suppress_tokens or min_new_tokens holding back "
+                "the end of sequence, say), so nothing can be sampled"
+            )
+
+    # -- following the text ----------------------------------------------------------
+
+    def advance(self, tokens: Sequence[Sequence[int]]) -> None:
+        self._held = None  # the grammar moves on: the next mask is a new one
+        for row, (matcher, new) in enumerate(zip(self.matchers, tokens, strict=True)):
+            for token in new:
+                if matcher.is_stopped() and token in self.eos:
+                    continue  # the end the finished grammar asked for
+                if not matcher.consume_token(int(token)):
+                    raise ValueError(
+                        f"row {row}: token {int(token)} "
+                        f"({self.tokenizer.dbg_tokens([int(token)])}) does not continue the "
+                        f"grammar: {_reason(matcher)}"
+                    )
+
+    def rewind(self, counts: Sequence[int]) -> None:
+        self._held = None
+        for row, (matcher, count) in enumerate(zip(self.matchers, counts, strict=True)):
+            if count and not matcher.rollback(int(count)):
+                raise ValueError(f"row {row}: cannot roll the grammar back {count} tokens")
+
+    def reorder(self, rows: np.ndarray) -> None:
+        seen: set[int] = set()
+        matchers = []
+        for row in np.asarray(rows).tolist():
+            matcher = self.matchers[row]
+            matchers.append(matcher.deep_copy() if row in seen else matcher)
+            seen.add(row)
+        self.matchers = matchers
+        self._held = None
+
+    def fork(self) -> GrammarConstraint:
+        """An independent copy at the same place in the grammar (``Generation.fork``)."""
+        twin = object.__new__(GrammarConstraint)
+        twin.__dict__.update(self.__dict__)
+        twin.matchers = [m.deep_copy() for m in self.matchers]
+        twin._bits = self._bits.copy()
+        twin._held = None
+        return twin
+
+    def forced_tokens(self, row: int) -> list[int]:
+        """The tokens the grammar leaves as the only continuation of ``row``; the end of
+        sequence once it is complete."""
+        if not self.fast_forward:
+            return []
+        matcher = self.matchers[row]
+        if matcher.is_error():
+            return []
+        if matcher.is_stopped():
+            return [self.eos[0]]
+        return matcher.compute_ff_tokens()
+
+    def is_complete(self, row: int) -> bool:
+        """Whether ``row``'s text so far is a whole sentence of the grammar."""
+        return self.matchers[row].is_accepting()
+
+
+def _reason(matcher: Any) -> str:
+    """llguidance's error, first line: the rest is a dump of its parser state."""
+    error = matcher.get_error().strip()
+    return error.splitlines()[0] if error else ""
+
+
+@hookimpl
+def register_logits_processors(register):  # type: ignore[no-untyped-def]
+    register("grammar", GrammarConstraint)

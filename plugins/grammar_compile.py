@@ -1,0 +1,120 @@
+"""What the ``grammar`` processor runs on: a constraint compiled by llguidance, and the
+model's tokenizer as llguidance needs it.
+
+llguidance (MIT, no dependencies, numpy only) compiles JSON Schema, regular expressions
+and Lark grammars into a matcher that gives, for each position, the set of tokens that
+keep the text inside the grammar. Two things are built once and shared:
+
+- the tokenizer (``LLTokenizer``): 0.3 s for a 49k vocabulary, so once per loaded model
+  and end-of-sequence ids, kept in ``ctx.model_state`` under a lock. It is made straight
+  from ``tokenizer.json`` (no transformers: ``llguidance.hf`` would import it); a
+  tokenizer whose decoder llguidance cannot read (a word-level or character vocabulary)
+  goes through a table of each token's bytes instead.
+- the grammar text for a setting, checked against that tokenizer when the request's
+  components are built, so an unsupported schema keyword or a broken regex is a
+  ``ConfigError`` naming it before any forward.
+
+JSON is compact by default (``{"a":1}``: no whitespace between tokens): with flexible
+whitespace a small model drifts into endless spaces and newlines. A schema may still ask
+for other options through llguidance's ``x-guidance`` key.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from ortgen import ConfigError
+
+#: llguidance's JSON options ortgen starts from (a schema's ``x-guidance`` overrides them)
+JSON_DEFAULTS = {"whitespace_flexible": False}
+_STATE_KEY = "grammar.tokenizers"
+_LOCK_KEY = "grammar.lock"
+
+
+def grammar_text(setting: str, value: Any) -> str:
+    """llguidance's grammar for one structured-output setting (see ``structured_settings``)."""
+    import llguidance
+
+    matcher = llguidance.LLMatcher
+    if setting == "json_schema":
+        return matcher.grammar_from_json_schema(value, defaults=JSON_DEFAULTS)
+    if setting == "json_object":
+        return matcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_DEFAULTS)
+    if setting == "regex":
+        return matcher.grammar_from_regex(value)
+    if setting == "grammar":
+        return matcher.grammar_from_lark(value)
+    if setting == "choice":
+        options = " | ".join(json.dumps(option, ensure_ascii=False) for option in value)
+        return matcher.grammar_from_lark(f"start: {options}")
+    raise ValueError(f"unknown structured-output setting {setting!r}")
+
+
+def check_grammar(setting: str, grammar: str, tokenizer: Any) -> None:
+    """Raise ConfigError naming what llguidance refuses in ``setting``'s grammar."""
+    import llguidance
+
+    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+    if failed:
+        reason = messages[0].strip() if messages else "no reason given"
+        what = {
+            "json_schema": "this JSON Schema",
+            "regex": "this regular expression",
+            "grammar": "this Lark grammar",
+        }.get(setting, f"this {setting}")
+        raise ConfigError(f"{setting}: llguidance cannot compile {what}: {reason}")
+
+
+def shared_tokenizer(
+    model_state: dict[str, Any], tokenizer: Any, vocab_size: int, eos: Sequence[int]
+) -> Any:
+    """The model's ``LLTokenizer`` for these end-of-sequence ids, built once per model."""
+    lock = model_state.setdefault(_LOCK_KEY, threading.Lock())
+    key = (vocab_size, tuple(eos))
+    with lock:
+        built = model_state.setdefault(_STATE_KEY, {})
+        if key not in built:
+            built[key] = _build_tokenizer(tokenizer, vocab_size, list(eos))
+        return built[key]
+
+
+def _build_tokenizer(tokenizer: Any, vocab_size: int, eos: list[int]) -> Any:
+    import llguidance
+
+    backend = tokenizer.backend
+    try:
+        return llguidance.LLTokenizer(backend.to_str(), n_vocab=vocab_size, eos_token=eos)
+    except Exception:  # a decoder llguidance cannot read: give it each token's bytes
+        wrapper = llguidance.TokenizerWrapper(_TokenTable(tokenizer, vocab_size, eos))
+        return llguidance.LLTokenizer(wrapper, n_vocab=vocab_size, eos_token=eos)
+
+
+class _TokenTable:
+    """Each token's bytes and an encoder, the shape ``llguidance.TokenizerWrapper`` reads.
+
+    Special tokens are named the way llguidance names them (a 0xFF byte, then the
+    name), so they never match text.
+    """
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos: list[int]) -> None:
+        backend = tokenizer.backend
+        special = set(tokenizer.special_ids)
+        size = min(vocab_size, backend.get_vocab_size(with_added_tokens=True))
+        self.eos_token_id = eos[0]
+        self.bos_token_id = None
+        self.special_token_ids = sorted(i for i in special if i < size)
+        self.tokens = [
+            b"\xff" + (backend.id_to_token(i) or "").encode()
+            if i in special
+            else backend.decode([i], skip_special_tokens=False).encode()
+            for i in range(size)
+        ]
+        self._backend = backend
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        return self._backend.encode(text, add_special_tokens=False).ids

@@ -1,0 +1,224 @@
+"""Structured output: the ``grammar`` processor on llguidance, in the loop.
+
+On tiny random-weight models with a character tokenizer (every output is whatever the
+weights make of it, so only the grammar keeps it in shape) and on both graph families:
+outputs match their constraint, forced tokens give the same tokens fed together or one by
+one, batches keep unconstrained rows free of any mask, beams, rewinds and forks keep the
+grammar in step, and every bad input is named before a forward.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+
+import ortgen
+from ortgen.errors import ComponentError, ConfigError
+from tests.tiny_models import export_tiny
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
+    },
+    "required": ["name", "age", "tags"],
+    "additionalProperties": False,
+}
+#: the tiny tokenizer's special tokens other than EOS: never text, so never in a grammar
+NOT_TEXT = [[0], [1], [3]]
+
+
+@pytest.fixture(scope="module", params=["fused", "optimum"])
+def gen(request, tiny_root: Path):
+    folder = export_tiny(
+        "llama", tiny_root / f"grammar-{request.param}", with_tokenizer=True, graph=request.param
+    )
+    return ortgen.load(folder, threads=1)
+
+
+def _valid(schema: dict, text: str) -> bool:
+    try:
+        jsonschema.validate(json.loads(text), schema)
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+def test_a_schema_is_followed_greedy_and_sampled(gen) -> None:
+    for seed in (None, 1, 2, 3):
+        sampling = {"do_sample": True, "temperature": 0.9, "seed": seed} if seed else {}
+        out = gen.generate("Hi", json_schema=PERSON, max_new_tokens=80, **sampling)
+        assert out.finish_reasons == ["eos"], (seed, out.text)
+        assert _valid(PERSON, out.text), (seed, out.text)
+        assert out.parsed == json.loads(out.text) and out.parse_errors is None
+        assert out.tokens[0][-1] == 2  # the end of sequence the finished grammar asked for
+
+
+@pytest.mark.parametrize(
+    ("setting", "check"),
+    [
+        ({"regex": r"[0-9]{3}-[a-c]+"}, lambda t: re.fullmatch(r"[0-9]{3}-[a-c]+", t)),
+        ({"choice": ["red", "green", "blue sky"]}, lambda t: t in ("red", "green", "blue sky")),
+        ({"json_object": True}, lambda t: isinstance(json.loads(t), dict)),
+        (
+            {"grammar": 'start: "(" NUM ("," NUM)* ")"\nNUM: /[0-9]{1,2}/'},
+            lambda t: re.fullmatch(r"\(\d{1,2}(,\d{1,2})*\)", t),
+        ),
+    ],
+)
+def test_every_kind_of_constraint(gen, setting, check) -> None:
+    for seed in (4, 5, 6):
+        out = gen.generate("Go", max_new_tokens=60, do_sample=True, seed=seed, **setting)
+        if out.finish_reasons == ["eos"]:
+            assert check(out.text), out.text
+        else:  # a regex like [a-c]+ may run on to the limit: still a prefix of one
+            assert out.finish_reasons == ["length"] and "regex" in setting, out.text
+
+
+def test_a_grammar_that_admits_any_text_changes_nothing(gen) -> None:
+    """Greedy under a grammar that allows every text is the unconstrained greedy output
+    (the tiny tokenizer's other special tokens are banned in both: they are not text)."""
+    settings = {"max_new_tokens": 30, "bad_words_ids": NOT_TEXT}
+    for prompt in ("Hello", "abc", "1, 2, 3"):
+        free = gen.generate(prompt, **settings)
+        anything = gen.generate(prompt, regex=r"[\s\S]*", **settings)
+        assert anything.tokens == free.tokens, prompt
+
+
+def test_forced_tokens_fed_together_equal_one_by_one(gen) -> None:
+    """Alone, the tokens a schema forces cost no forward of their own (they are fed with
+    the next sampled one); beside a free row every step runs a forward. The constrained
+    row's tokens and random draws are the same either way, and the free row sees no mask."""
+    constrained = {"prompt": "Hi", "json_schema": PERSON, "seed": 9}
+    free = {"prompt": "The sea", "seed": 10}
+    settings = {"max_new_tokens": 50, "do_sample": True, "temperature": 0.8}
+    alone = gen.generate([constrained], **settings)
+    assert alone.stats["fast_forward_tokens"] >= 10  # '{"name":"', '","age":' ...
+    free_alone = gen.generate([free], **settings)
+    together = gen.generate([constrained, free], **settings)
+    assert together.tokens[0] == alone.tokens[0]
+    assert together.tokens[1] == free_alone.tokens[0]
+    assert (
+        "fast_forward_tokens" not in together.stats
+        or together.stats["fast_forward_tokens"] < alone.stats["fast_forward_tokens"]
+    )
+    greedy = gen.generate("Hi", json_schema=PERSON, max_new_tokens=50)
+    one_by_one = gen.generate(["Hi", "The sea"], json_schema=PERSON, max_new_tokens=50)
+    assert one_by_one.tokens[0] == greedy.tokens[0]
+
+
+def test_rows_with_different_constraints_and_none(gen) -> None:
+    rows = [
+        {"prompt": "a", "regex": r"x+y"},
+        {"prompt": "b"},
+        {"prompt": "c", "choice": ["one", "two"]},
+        {"prompt": "d", "json_schema": PERSON},
+    ]
+    settings = {"max_new_tokens": 40, "do_sample": True, "seed": 3, "bad_words_ids": NOT_TEXT}
+    out = gen.generate(rows, **settings)
+    for row in range(len(rows)):
+        alone = gen.generate([rows[row]], **settings)
+        assert out.tokens[row] == alone.tokens[0], row
+    assert re.fullmatch(r"x+y", out.text[0]) or out.finish_reasons[0] == "length"
+    assert out.text[2] in ("one", "two")
+    assert _valid(PERSON, out.text[3])
+    assert out.parsed[:3] == [None, None, None] and out.parsed[3] == json.loads(out.text[3])
+
+
+def test_beam_search_with_a_schema(gen) -> None:
+    out = gen.generate("Hi", json_schema=PERSON, num_beams=3, num_return_sequences=2,
+                       max_new_tokens=60)  # fmt: skip
+    for text, reason in zip(out.text, out.finish_reasons, strict=True):
+        assert reason == "eos" and _valid(PERSON, text), text
+
+
+def test_rewind_and_fork_keep_the_grammar_in_step(gen) -> None:
+    state = gen.start("Hi", json_schema=PERSON, max_new_tokens=60)
+    for _ in range(6):
+        state.step()
+    before = state.generated(0)
+    twin = state.fork()
+    state.rewind(3)  # the grammar forgets the last three tokens with the buffer
+    while not state.is_done:
+        state.step()
+    while not twin.is_done:
+        twin.step()
+    assert state.generated(0) == twin.generated(0)  # greedy: the same road again
+    assert state.generated(0)[: len(before)] == before
+    assert _valid(PERSON, state.text(0))
+
+
+def test_output_cut_by_the_limit_says_why(gen) -> None:
+    out = gen.generate("Hi", json_schema=PERSON, max_new_tokens=5)
+    assert out.finish_reasons == ["length"]
+    assert out.parsed is None and "max_new_tokens" in out.parse_errors
+
+
+def test_bad_constraints_are_named_before_any_forward(gen, monkeypatch) -> None:
+    def no_forward(*args, **kwargs):
+        raise AssertionError("a forward ran")
+
+    monkeypatch.setattr("ortgen.model.ForwardBinding.forward", no_forward)
+    cases = [
+        (
+            {"json_schema": {"type": "object", "unevaluatedProperties": False}},
+            "unevaluatedProperties",
+        ),
+        ({"regex": "(ab"}, "unclosed group"),
+        ({"grammar": "start: ("}, "Lark grammar"),
+        ({"regex": "a", "choice": ["b"]}, "regex and choice"),
+        ({"json_schema": "/no/such/schema.json"}, "no file"),
+        ({"json_schema": "[1, 2]"}, "holds a list"),
+        ({"choice": []}, "non-empty list"),
+        ({"json_schema": {"type": "object"}, "eos_token_id": None}, "eos_token_id"),
+    ]
+    for settings, named in cases:
+        with pytest.raises(ConfigError) as error:
+            gen.generate("Hi", **settings)
+        assert named in str(error.value), (settings, str(error.value))
+
+
+def test_a_row_whose_grammar_allows_nothing_fails_with_its_reason(gen) -> None:
+    """A processor before the grammar removed the only token it allows ("{" is a bad
+    word): the request fails naming it, with what was produced kept."""
+    brace = gen.tokenizer.encode("{", add_special_tokens=False)
+    with pytest.raises(ComponentError, match="every token the grammar allows here was removed"):
+        gen.generate("Hi", json_object=True, bad_words_ids=[brace], fast_forward=False)
+
+
+def test_a_model_without_a_tokenizer_cannot_be_constrained(tiny_llama_gen) -> None:
+    with pytest.raises(ConfigError, match="needs the model's tokenizer"):
+        tiny_llama_gen.generate([[1, 2, 3]], json_object=True, max_new_tokens=4)
+
+
+def test_the_mask_keeps_only_allowed_tokens_dense_and_sparse(gen) -> None:
+    """The processor on its own (as a plugin author would call it): few allowed tokens
+    come back as Candidates, many as a dense row; both equal a mask built by hand from
+    llguidance's own matcher."""
+    import llguidance.numpy
+
+    from ortgen.testing import make_context
+
+    ctx = make_context(vocab_size=256, eos_token_ids=(2,))
+    ctx = ctx.__class__(**{**ctx.__dict__, "tokenizer": gen.tokenizer})
+    from ortgen.plugins.grammar import GrammarConstraint
+
+    for setting in ({"json_object": True}, {"regex": r"[\s\S]*"}):
+        processor = GrammarConstraint(ctx=ctx, **setting)
+        scores = np.random.default_rng(0).normal(size=(1, 256)).astype(np.float32)
+        reference = processor.matchers[0].deep_copy()
+        bits = np.zeros((1, 8), np.int32)
+        llguidance.numpy.fill_next_token_bitmask(reference, bits, 0)
+        allowed = np.unpackbits(bits.view(np.uint8), bitorder="little")[:256].astype(bool)
+        expected = np.where(allowed, scores, -np.inf)
+        sparse = processor.sparse(np.zeros((1, 1), np.int64), scores)
+        got = processor(np.zeros((1, 1), np.int64), scores) if sparse is None else sparse.dense()
+        np.testing.assert_array_equal(got, expected)
+        assert (sparse is None) == ("regex" in setting)
