@@ -27,8 +27,10 @@ from .pipeline import Pipeline, load_pipeline
 from .plugin_manager import build_registry, make_plugin_manager
 from .prompts import PromptEncoder
 from .protocols import GenerationContext
-from .structured_output import parse_json_output
+from .structured_output import parse_json_output, response_format_settings
+from .structured_settings import CONSTRAINT_FIELDS
 from .text import RowText, Tokenizer, load_tokenizer
+from .tool_calls import ToolPlan, plan_tools, read_tool_calls
 
 Prompt = prompts_mod.Prompt
 Prompts = prompts_mod.Prompts
@@ -75,6 +77,9 @@ class GenerationOutput:
     #: ``text``), None for a row that did not end as whole JSON; ``parse_errors`` says why
     parsed: Any = None
     parse_errors: Any = None
+    #: with ``chat(tools=...)``: each row's tool calls in OpenAI's shape (shaped like
+    #: ``text``; ``text`` is then the answer's content, "" when it is only calls)
+    tool_calls: Any = None
 
 
 @dataclass
@@ -289,16 +294,41 @@ class TextGenerator:
         messages: Sequence[Mapping[str, Any]],
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: Any = None,
+        parallel_tool_calls: bool | None = None,
+        response_format: Any = None,
         template_kwargs: Mapping[str, Any] | None = None,
         pipeline: PipelineArg = None,
         **settings: Any,
     ) -> GenerationOutput:
-        """Answer a conversation using the model's chat template. ``tools`` (JSON-schema
-        function dicts) and ``template_kwargs`` (``continue_final_message``,
-        ``enable_thinking``, ``documents``, ...) reach the template as transformers'
-        ``apply_chat_template`` passes them."""
+        """Answer a conversation using the model's chat template.
+
+        ``tools`` (OpenAI's function tools), ``tool_choice`` (``"none"``, ``"auto"``,
+        ``"required"`` or a named function) and ``parallel_tool_calls`` make the answer
+        text or tool calls, constrained to the tools' schemas (``out.tool_calls``,
+        finish reason ``"tool_calls"``; see ``ortgen.tool_calls``). ``response_format``
+        is OpenAI's (``json_object``, ``json_schema``, or a Pydantic model class): the
+        answer follows it and ``out.parsed`` holds it. ``template_kwargs``
+        (``continue_final_message``, ``enable_thinking``, ``documents``, ...) reach the
+        template as transformers' ``apply_chat_template`` passes them."""
+        settings = {**settings, **response_format_settings(response_format)}
+        plan = None
+        if tools is not None or tool_choice is not None:
+            template = self.tokenizer.chat_template if self.tokenizer is not None else None
+            plan = plan_tools(messages, tools, tool_choice, parallel_tool_calls, template)
+            constrained = [k for k in CONSTRAINT_FIELDS if settings.get(k) not in (None, False)]
+            if plan.settings and constrained:
+                raise InputError(
+                    f"tools (tool_choice {tool_choice or 'auto'!r}) constrain the answer to "
+                    f"tool calls, and {constrained[0]} constrains it too: give one of them"
+                )
+            messages, tools = plan.messages, plan.template_tools
+            settings.update(plan.settings)
         prompt = self.chat_prompt(messages, tools=tools, **(template_kwargs or {}))
-        return self.generate(prompt, pipeline=pipeline, **settings)
+        out = self.generate(prompt, pipeline=pipeline, **settings)
+        if plan is not None and plan.calls_allowed:
+            with_calls(out, plan)
+        return out
 
     def chat_prompt(
         self,
@@ -550,6 +580,23 @@ class TextGenerator:
             scores=list(record.scores) if record.want_scores else None,
             logits=list(record.logits) if record.want_logits else None,
         )
+
+
+def with_calls(out: GenerationOutput, plan: ToolPlan) -> None:
+    """Read each row's tool calls out of its text: ``text`` becomes the content, the
+    calls go to ``tool_calls`` and a row that made calls finishes with "tool_calls"."""
+    single = isinstance(out.text, str)
+    texts = [out.text] if single else list(out.text or [])
+    contents, calls = [], []
+    for row, text in enumerate(texts):
+        content, row_calls = read_tool_calls(text, plan)
+        contents.append(content or "")
+        calls.append(row_calls)
+        if row_calls:
+            out.finish_reasons[row] = "tool_calls"
+    out.text = contents[0] if single else contents
+    out.tool_calls = calls[0] if single else calls
+    out.parsed = out.parse_errors = None  # the JSON was the calls' envelope, not an answer
 
 
 def load(

@@ -265,8 +265,31 @@ BAD = [
     (M, {"top_logprobs": 2}, "top_logprobs"),
     (M, {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     (M, {"stream_options": {"include_usage": True}}, "stream_options"),
-    (M, {"response_format": {"type": "json_object"}}, "response_format"),
+    (M, {"response_format": {"type": "yaml"}}, "response_format"),
+    (
+        M,
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+        "response_format",
+    ),
+    (
+        M,
+        {"response_format": {"type": "json_object", "schema": {"type": "object", "not": {}}}},
+        "response_format",
+    ),
+    (
+        M,
+        {"json_schema": {"type": "object"}, "response_format": {"type": "json_object"}},
+        "json_schema",
+    ),
+    (M, {"regex": "(unclosed"}, "regex"),
     (M, {"tool_choice": "required"}, "tool_choice"),
+    (M, {"tools": [{"type": "function"}]}, "tools"),
+    (
+        M,
+        {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "maybe"},
+        "tool_choice",
+    ),
+    (M, {"tools": [{"type": "function", "function": {"name": "f"}}], "regex": "a"}, "regex"),
     (M, {"messages": []}, "messages"),
     (M, {"messages": [{"content": "no role"}]}, "messages"),
     (

@@ -177,8 +177,7 @@ async def _events(
             if choice.finish_reason == "error":
                 yield _data(_row_error(handles[i].error).body())
                 return
-            chunk = answer.piece(choice, piece)
-            if chunk is not None:
+            for chunk in answer.chunks(choice, piece):
                 yield _data(chunk)
         if answer.request.include_usage:
             yield _data(answer.usage_chunk(choices))

@@ -25,6 +25,9 @@ from ..chain import Chain
 from ..config import FIELDS
 from ..config_values import normalise
 from ..errors import ConfigError, InputError, OrtgenError
+from ..structured_output import response_format_settings
+from ..structured_settings import CONSTRAINT_FIELDS
+from ..tool_calls import ToolPlan, plan_tools
 from .engine import Engine
 from .errors import RequestError
 from .openai_fields import boolean, integer, settings_of
@@ -61,6 +64,8 @@ class ParsedRequest:
     prompt_field: str = "prompt"
     #: ortgen setting -> the request field it came from (for ``param`` in errors)
     names: dict[str, str] = field(default_factory=dict)
+    #: a chat request with tools: how its answers hold calls (``ortgen.tool_calls``)
+    tool_plan: ToolPlan | None = None
 
 
 # -- requests --------------------------------------------------------------------------
@@ -91,14 +96,38 @@ def parse_chat(body: Mapping[str, Any], gen: TextGenerator, *, max_rows: int) ->
     top = integer(body, "top_logprobs", 0, 20)
     if top and not logprobs:
         raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
-    prompt = _chat_prompt(body, gen)
     settings, names, rest = settings_of(body, chat=True)
+    for key, value in _response_format(body).items():
+        if key in settings:
+            raise RequestError(f"give response_format or {key}, not both", param=key)
+        settings[key] = value
+        names[key] = "response_format"
+    prompt, plan = _chat_prompt(body, gen)
+    if plan is not None and plan.settings:
+        constrained = [k for k in CONSTRAINT_FIELDS if settings.get(k) not in (None, False)]
+        if constrained:
+            raise RequestError(
+                f"tool_choice {body.get('tool_choice') or 'auto'!r} constrains the answer to "
+                f"tool calls, and {names[constrained[0]]} constrains it too: give one of them",
+                param=names[constrained[0]],
+            )
+        settings.update(plan.settings)
+        names.update({key: "tools" for key in plan.settings})
     if logprobs:
         settings.update(logprobs=True, top_logprobs=top or 0)
         names.update(logprobs="logprobs", top_logprobs="top_logprobs")
     request = _request(gen, [prompt], settings, names, rest, chat=True, max_rows=max_rows)
     request.prompt_field = "messages"
+    request.tool_plan = plan
     return request
+
+
+def _response_format(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``response_format`` as ortgen settings (``ortgen.structured_output``)."""
+    try:
+        return response_format_settings(body.get("response_format"))
+    except InputError as exc:
+        raise RequestError(str(exc), param="response_format") from None
 
 
 def _completion_prompts(prompt: Any, gen: TextGenerator) -> list[list[int]]:
@@ -133,9 +162,10 @@ def _is_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _chat_prompt(body: Mapping[str, Any], gen: TextGenerator) -> list[int]:
-    """The conversation's token ids. Content parts are joined (text models take text:
-    as vLLM, text parts with newlines); ``developer`` is OpenAI's new name for ``system``."""
+def _chat_prompt(body: Mapping[str, Any], gen: TextGenerator) -> tuple[list[int], ToolPlan | None]:
+    """The conversation's token ids, and with ``tools`` the plan for calls. Content parts
+    are joined (text models take text: as vLLM, text parts with newlines); ``developer``
+    is OpenAI's new name for ``system``."""
     messages = body["messages"]
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list of messages", param="messages")
@@ -150,8 +180,22 @@ def _chat_prompt(body: Mapping[str, Any], gen: TextGenerator) -> list[int]:
             message["content"] = _join_parts(message["content"], f"messages[{i}].content")
         rendered.append(message)
     tools = body.get("tools")
-    if body.get("tool_choice") == "none":
-        tools = None  # the model is told no tools exist, the closest this server can do
+    plan = None
+    if tools is not None or body.get("tool_choice") is not None:
+        template = gen.tokenizer.chat_template if gen.tokenizer is not None else None
+        try:
+            plan = plan_tools(
+                rendered, tools, body.get("tool_choice"), body.get("parallel_tool_calls"),
+                template,
+            )  # fmt: skip
+        except InputError as exc:
+            message = str(exc)
+            param = next(
+                (p for p in ("tool_choice", "parallel_tool_calls", "messages") if p in message),
+                "tools",
+            )
+            raise RequestError(message, param=param) from None
+        rendered, tools = plan.messages, plan.template_tools
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, Mapping) or "tools" in kwargs:
         raise RequestError(
@@ -159,7 +203,7 @@ def _chat_prompt(body: Mapping[str, Any], gen: TextGenerator) -> list[int]:
             param="chat_template_kwargs",
         )
     try:
-        return gen.chat_prompt(rendered, tools=tools, **kwargs)
+        return gen.chat_prompt(rendered, tools=tools, **kwargs), plan
     except OrtgenError as exc:
         param = "tools" if str(exc).startswith("tools") else "messages"
         raise RequestError(str(exc), param=param) from None
@@ -278,7 +322,7 @@ def config_param(message: str, names: Mapping[str, str]) -> str | None:
     body = message.removeprefix("invalid generation config:").strip()
     first = body.splitlines()[0].strip().removeprefix("- ") if body else ""
     unknown = re.match(r"unknown setting '([^']+)'", first)
-    key = unknown.group(1) if unknown else re.split(r"[ =(]", first, maxsplit=1)[0]
+    key = unknown.group(1) if unknown else re.split(r"[ =(:]", first, maxsplit=1)[0]
     if key in names:
         return names[key]
     return key if unknown or key in FIELDS else None

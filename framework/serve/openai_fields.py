@@ -23,14 +23,8 @@ UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "echo": ((None, False), "echoing the prompt back is not supported"),
     "best_of": ((None, 1), "best_of is not supported; ask for n choices instead"),
     "suffix": ((None,), "insertion (suffix) is not supported"),
-    "tool_choice": (
-        (None, "auto", "none"),
-        "the server renders tools into the prompt but cannot force a tool call",
-    ),
-    "parallel_tool_calls": ((None, True, False), ""),
     "functions": ((None,), "the deprecated functions field is not supported; use tools"),
     "function_call": ((None,), "the deprecated function_call is not supported; use tools"),
-    "response_format": ((None, {"type": "text"}), "structured outputs are not supported"),
     "modalities": ((None, ["text"]), "the server generates text only"),
     "audio": ((None,), "the server generates text only"),
 }
@@ -71,7 +65,8 @@ def settings_of(
     """The OpenAI sampling fields as ortgen settings, the field each came from, and the
     fields still to place (n, seed, stream). Other keys are ortgen settings as given."""
     openai_fields = {
-        "model", "prompt", "messages", "tools", "chat_template_kwargs", "max_tokens",
+        "model", "prompt", "messages", "tools", "tool_choice", "parallel_tool_calls",
+        "response_format", "chat_template_kwargs", "max_tokens",
         "max_completion_tokens", "temperature", "top_p", "n", "stop", "seed", "logprobs",
         "top_logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "stream",
         "stream_options",

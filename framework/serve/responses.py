@@ -19,6 +19,7 @@ from typing import Any
 
 from ..api import StreamPiece
 from ..text import Tokenizer
+from ..tool_calls import ToolPlan, read_tool_calls
 from .openai_api import ParsedRequest
 
 #: what a non-finite logprob becomes: JSON has no -inf (vLLM does the same)
@@ -181,18 +182,39 @@ class Answer:
             return chat_logprobs(pieces, self.words)
         return completion_logprobs(pieces, self.words, choice)
 
+    @property
+    def _tools(self) -> ToolPlan | None:
+        """The request's tool plan when its answers may hold calls."""
+        plan = self.request.tool_plan
+        return plan if plan is not None and plan.calls_allowed else None
+
+    def _message(self, choice: Choice) -> tuple[dict[str, Any], str]:
+        """A chat choice's message (content, and tool calls when it made some) and its
+        OpenAI finish reason."""
+        text = "".join(choice.text)
+        reason = finish_reason(choice.finish_reason or "stop")
+        plan = self._tools
+        if plan is None:
+            return {"role": "assistant", "content": text}, reason
+        content, calls = read_tool_calls(text, plan)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = calls
+            reason = "tool_calls"
+        return message, reason
+
     def full(self, choices: list[Choice]) -> dict[str, Any]:
         """The non-streaming response."""
         out = []
         for choice in sorted(choices, key=lambda c: c.index):
-            text = "".join(choice.text)
             item: dict[str, Any] = {"index": choice.index}
+            reason = finish_reason(choice.finish_reason or "stop")
             if self.request.chat:
-                item["message"] = {"role": "assistant", "content": text}
+                item["message"], reason = self._message(choice)
             else:
-                item["text"] = text
+                item["text"] = "".join(choice.text)
             item["logprobs"] = self._logprobs(choice.pieces, choice)
-            item["finish_reason"] = finish_reason(choice.finish_reason or "stop")
+            item["finish_reason"] = reason
             out.append(item)
         obj = "chat.completion" if self.request.chat else "text_completion"
         return {**self._head(obj), "choices": out, "usage": self.usage(choices)}
@@ -211,6 +233,37 @@ class Answer:
         return self._chunk(
             {"index": choice.index, "delta": delta, "logprobs": None, "finish_reason": None}
         )
+
+    def chunks(self, choice: Choice, piece: StreamPiece) -> list[dict[str, Any]]:
+        """The chunks one piece adds to the stream (see ``piece``). With tools the answer
+        is read once whole: its content, then each call as OpenAI streams one (id, name
+        and empty arguments, then the arguments), then the finish reason."""
+        if self._tools is None:
+            chunk = self.piece(choice, piece)
+            return [chunk] if chunk is not None else []
+        if piece.finish_reason is None:
+            return []
+        message, reason = self._message(choice)
+        logprobs = self._logprobs(choice.pieces, choice)
+        out = []
+        if message["content"]:
+            delta = {"content": message["content"]}
+            out.append({"index": choice.index, "delta": delta, "logprobs": logprobs})
+            logprobs = None
+        for number, call in enumerate(message.get("tool_calls", [])):
+            function = call["function"]
+            head = {"index": number, "id": call["id"], "type": "function",
+                    "function": {"name": function["name"], "arguments": ""}}  # fmt: skip
+            arguments = {"index": number, "function": {"arguments": function["arguments"]}}
+            for fragment in (head, arguments):
+                delta = {"tool_calls": [fragment]}
+                out.append({"index": choice.index, "delta": delta, "logprobs": logprobs})
+                logprobs = None
+        out.append({"index": choice.index, "delta": {}, "logprobs": logprobs})
+        for item in out:
+            item["finish_reason"] = None
+        out[-1]["finish_reason"] = reason
+        return [self._chunk(item) for item in out]
 
     def piece(self, choice: Choice, piece: StreamPiece) -> dict[str, Any] | None:
         """The chunk for one piece (None when it adds nothing: text held back and no
