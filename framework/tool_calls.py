@@ -98,7 +98,21 @@ def plan_tools(
 
 def read_tool_calls(text: str, plan: ToolPlan) -> tuple[str | None, list[dict[str, Any]]]:
     """The answer's text content (None when it is only calls) and its calls, in OpenAI's
-    shape. An answer that is not whole (cut by ``max_new_tokens``) is returned as text."""
+    shape; a call repeated word for word (same function, same arguments: a small model
+    looping) is kept once. An answer that is not whole (cut by ``max_new_tokens``) is
+    returned as text."""
+    content, calls = _read(text, plan)
+    seen: set[tuple[Any, str]] = set()
+    unique = []
+    for call in calls:
+        key = (call["function"]["name"], call["function"]["arguments"])
+        if key not in seen:
+            seen.add(key)
+            unique.append(call)
+    return content, unique
+
+
+def _read(text: str, plan: ToolPlan) -> tuple[str | None, list[dict[str, Any]]]:
     if not plan.calls_allowed:
         return text, []
     if plan.format == "hermes":

@@ -127,6 +127,8 @@ def test_calls_are_read_back_in_openai_shape() -> None:
     assert calls[0]["type"] == "function" and calls[0]["id"].startswith("call_")
     assert calls[0]["function"] == {"name": "add", "arguments": '{"a": 1, "b": 2}'}
     assert read_tool_calls('{"response":"Hello"}', plan) == ("Hello", [])
+    twice = '{"tool_calls":[{"name":"add","arguments":{"a":1}},{"name":"add","arguments":{"a":1}}]}'
+    assert len(read_tool_calls(twice, plan)[1]) == 1  # a loop's repeats are one call
     assert read_tool_calls('{"tool_calls":[{"na', plan) == ('{"tool_calls":[{"na', [])  # cut
     assert read_tool_calls('{"response":"Hel\\u00e9lo \\"', plan) == ('Helélo "', [])
     assert read_tool_calls('{"response":"Hi \\u00', plan) == ("Hi ", [])  # escape cut short
