@@ -376,8 +376,11 @@ class TextGenerator:
             if not own:
                 configs.append(base)
                 continue
+            call = settings
+            if any(key in own for key in CONSTRAINT_FIELDS):  # the row's constraint replaces
+                call = {k: v for k, v in settings.items() if k not in CONSTRAINT_FIELDS}
             try:
-                config = self.resolve_config({**settings, **own}, pipeline=pipeline).config
+                config = self.resolve_config({**call, **own}, pipeline=pipeline).config
             except ConfigError as exc:
                 raise ConfigError(f"prompt {i}: {exc}") from None
             configs.append(config)

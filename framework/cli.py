@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from .cli_structured import add_structured_flags, structured_settings, warn_if_not_json
 from .errors import OrtgenError
 from .export.variant import GRAPHS, PRECISIONS
 from .pipeline import ENGINES
@@ -86,6 +87,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "cache_spec", None):
         settings["cache"] = _cache_spec(args.cache_spec)
     settings = {k: v for k, v in settings.items() if v is not None}
+    settings.update(structured_settings(args))  # --json-schema, --regex, ... (if any)
     for item in args.settings:
         key, value = _key_value(item, f"--set takes KEY=VALUE, got {item!r}")
         settings[key] = value
@@ -119,15 +121,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
     settings = _settings(args)
     gen = _load(args)
     state = gen.start(args.prompt, **settings)
-    shown = False
+    text = ""
     try:
         for piece in gen.stream_state(state):
-            shown = _show(piece) or shown
+            _show(piece)
+            text += piece
     except KeyboardInterrupt:
         print("\n[interrupted]", file=sys.stderr)
         return 130
     print()
-    if not shown:
+    warn_if_not_json(gen.resolve_config(settings).config, text, state.finish_reasons[0])
+    if not text:
         reason = state.finish_reasons[0]
         print(
             f"ortgen: note: the model ended at once without any text (finish reason: {reason}); "
@@ -178,6 +182,8 @@ def _answer(session, message: str) -> bool:
         print("\n[interrupted]", file=sys.stderr)
         return True
     print()
+    config = session.generator.resolve_config(session.settings).config
+    warn_if_not_json(config, session.messages[-1]["content"], session.state.finish_reasons[0])
     return False
 
 
@@ -384,6 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prompt")
     _add_model_flags(p)
     _add_generation_flags(p)
+    add_structured_flags(p)
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("chat", help="chat with the model (one MESSAGE, or interactive)")
@@ -391,6 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", help="system prompt")
     _add_model_flags(p)
     _add_generation_flags(p)
+    add_structured_flags(p)
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("export", help="export a HF folder or GGUF file to an ortgen model folder")
@@ -444,6 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="check pipeline and rows; no model")
     _add_model_flags(p, pipeline=False)
     _add_generation_flags(p)
+    add_structured_flags(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
@@ -476,6 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pipeline_flag(p)
     p.add_argument("--json", action="store_true")
     _add_generation_flags(p)
+    add_structured_flags(p)
     p.set_defaults(func=cmd_config_show)
     return parser
 

@@ -19,6 +19,7 @@ from .config_values import normalise, validate
 from .errors import ConfigError
 from .jsonfile import read_json_object
 from .registry import did_you_mean
+from .structured_settings import CONSTRAINT_FIELDS
 
 LAYERS = ("defaults", "model config.json", "generation_config.json", "pipeline", "call")
 
@@ -271,6 +272,7 @@ def resolve(layers: Iterable[tuple[str, Mapping[str, Any]]]) -> Resolved:
             else:
                 warnings.warn(f"{layer}: ignoring unknown generation setting {key!r}", stacklevel=2)
     _limit_from_latest_layer(values, sources)
+    _constraint_from_latest_layer(values, sources)
     normalised: dict[str, Any] = {}
     for key, value in values.items():
         try:
@@ -301,6 +303,21 @@ def _limit_from_latest_layer(values: dict[str, Any], sources: dict[str, str]) ->
     if "max_new_tokens" not in values or length_rank > new_rank:
         values["max_new_tokens"] = None
         sources["max_new_tokens"] = sources["max_length"]
+
+
+def _constraint_from_latest_layer(values: dict[str, Any], sources: dict[str, str]) -> None:
+    """Of the structured-output constraints, keep those the latest layer that set one set
+    (a call's ``regex`` replaces a pipeline's ``json_schema``); two in one layer stay,
+    for validation to name."""
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    given = [key for key in CONSTRAINT_FIELDS if values.get(key) not in (None, False)]
+    if len(given) < 2:
+        return
+    latest = max(rank.get(sources.get(key, "defaults"), 0) for key in given)
+    for key in given:
+        if rank.get(sources.get(key, "defaults"), 0) < latest:
+            del values[key]
+            sources.pop(key, None)
 
 
 #: Fields where None is a meaningful value ("not set"); None elsewhere is an error.

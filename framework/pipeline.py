@@ -20,10 +20,15 @@ disable = ["example"] # plugins not to load
 
 [run]                 # options of `ortgen run`
 batch_size = 8
+
+[output]              # the answer is JSON: a schema file (beside this one) or table
+json_schema = "person.json"   # or json_object = true
 ```
 
 ``[run]`` also takes ``window``, ``engine`` ("local" or "ray"), and for the ray engine
-``address`` and ``workers``.
+``address`` and ``workers``. ``[output]`` sets the ``json_schema`` (or ``json_object``)
+setting of the pipeline layer, with the schema read when the file is loaded, so the
+pipeline carries it wherever it goes (a Ray worker's folder is not this one).
 
 The file is read and checked when it is loaded, and every problem is reported at once
 with its location (``logits_processors[2] (top_p): unexpected 'k'; accepts top_p,
@@ -33,6 +38,7 @@ names components, it cannot import modules.
 
 from __future__ import annotations
 
+import json
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -40,8 +46,10 @@ from pathlib import Path
 from typing import Any
 
 from .config import FIELDS, IGNORED_HF_FIELDS, UNSUPPORTED_HF_FIELDS, resolve
+from .constraint_check import check_constraint
 from .errors import ConfigError
 from .registry import did_you_mean
+from .structured_settings import CONSTRAINT_FIELDS, constraint
 
 __all__ = ["Pipeline", "RunOptions", "load_pipeline"]
 
@@ -52,7 +60,8 @@ _COMPONENTS = {
     "logits_processors": ("logits_processor", True),
     "stopping_criteria": ("stopping_criterion", True),
 }
-_TOP_LEVEL = ("model", "generation", "plugins", "run", *_COMPONENTS)
+_TOP_LEVEL = ("model", "generation", "plugins", "run", "output", *_COMPONENTS)
+_OUTPUT_KEYS = ("json_schema", "json_object")
 _RUN_DEFAULTS: dict[str, Any] = {
     "batch_size": 8,
     "engine": "local",
@@ -83,6 +92,9 @@ class Pipeline:
     settings: dict[str, Any] = field(default_factory=dict)  # the "pipeline" layer
     disable_plugins: tuple[str, ...] = ()
     run: RunOptions = field(default_factory=RunOptions)
+    #: what ``[output]`` set: ``{"json_schema": {...}}`` or ``{"json_object": True}``
+    #: (also in ``settings``), or nothing
+    output: dict[str, Any] = field(default_factory=dict)
 
     def model_path(self) -> Path | None:
         """``model``, relative to the pipeline file's folder when it is not absolute and
@@ -144,14 +156,18 @@ def _check(data: Mapping[str, Any], path: Path | None, problems: list[str]) -> P
             if spec is not None:
                 settings[key] = spec
     run = _run(data.get("run", {}), problems)
+    output = _output(data["output"], path, settings, problems) if "output" in data else {}
+    settings.update(output)
     if not problems:
         try:  # the values, checked exactly as the config layer will check them
-            resolve([("pipeline", settings)])
+            config = resolve([("pipeline", settings)]).config
         except ConfigError as exc:
-            problems.extend(_relocate(str(exc)))
+            problems.extend(_relocate(str(exc), output))
+        else:
+            problems.extend(_constraint_problems(config, output))
     if not problems:
         _check_components(settings, disable, problems)
-    return Pipeline(path, model, settings, disable, run)
+    return Pipeline(path, model, settings, disable, run, output)
 
 
 def _generation(table: Any, problems: list[str]) -> dict[str, Any]:
@@ -232,14 +248,108 @@ def _run(table: Any, problems: list[str]) -> RunOptions:
     return RunOptions(**values)
 
 
-def _relocate(message: str) -> list[str]:
-    """resolve()'s problems, each placed under [generation] (or its component table)."""
+def _output(
+    table: Any, path: Path | None, settings: Mapping[str, Any], problems: list[str]
+) -> dict[str, Any]:
+    """``[output]``: the answer's JSON shape, as the setting it stands for."""
+    if not isinstance(table, Mapping):
+        problems.append(
+            f"[output] must be a table (json_schema = ... or json_object = true), got {table!r}"
+        )
+        return {}
+    unknown = [key for key in table if key not in _OUTPUT_KEYS]
+    for key in unknown:
+        hint = did_you_mean(key, list(_OUTPUT_KEYS))
+        if key in CONSTRAINT_FIELDS:
+            hint = f" ({key} is a generation setting: [generation] {key} = ...)"
+        problems.append(
+            f"[output] {key}: unknown key{hint}; [output] takes json_schema or json_object"
+        )
+    given = [key for key in _OUTPUT_KEYS if key in table]
+    if len(given) != 1:
+        if not unknown:  # else the unknown key already says what is wrong
+            what = "has both json_schema and json_object" if given else "is empty"
+            problems.append(
+                f"[output] {what}: give exactly one of json_schema (a .json file "
+                "or an inline table) and json_object = true"
+            )
+        return {}
+    clash = [key for key in CONSTRAINT_FIELDS if settings.get(key) not in (None, False)]
+    if clash:
+        problems.append(
+            f"[output] {given[0]} and [generation] {clash[0]} both constrain the "
+            "answer, and a request follows one: keep one"
+        )
+    if given == ["json_object"]:
+        if table["json_object"] is not True:
+            problems.append(
+                "[output] json_object must be true (false asks for nothing: leave "
+                f"[output] out), got {table['json_object']!r}"
+            )
+            return {}
+        return {"json_object": True}
+    schema = _output_schema(table["json_schema"], path, problems)
+    return {} if schema is None else {"json_schema": schema}
+
+
+def _output_schema(value: Any, path: Path | None, problems: list[str]) -> Any:
+    """An inline table (or JSON text) as it is; a file's JSON object, the file found
+    beside the pipeline file (a pipeline given as a mapping: from the current folder)."""
+    if isinstance(value, Mapping) or (isinstance(value, str) and value.lstrip()[:1] == "{"):
+        return value  # checked as a json_schema setting, with the other settings
+    if not isinstance(value, str) or not value:
+        problems.append(
+            f"[output] json_schema must be a .json file's path or an inline table "
+            f"of the schema, got {value!r}"
+        )
+        return None
+    where = Path(value).expanduser()
+    beside = ""
+    if not where.is_absolute() and path is not None:
+        where = path.parent / where
+        beside = " (a relative path is read from the pipeline file's folder)"
+    if not where.is_file():
+        problems.append(f"[output] json_schema: no file {where}{beside}")
+        return None
+    try:
+        schema = json.loads(where.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        problems.append(f"[output] json_schema: cannot read {where}: {exc}")
+        return None
+    except ValueError as exc:
+        problems.append(f"[output] json_schema: {where} is not JSON: {exc}")
+        return None
+    if not isinstance(schema, dict):
+        problems.append(
+            f"[output] json_schema: {where} holds a JSON {type(schema).__name__}; "
+            "a JSON Schema is an object"
+        )
+        return None
+    return schema
+
+
+def _constraint_problems(config: Any, output: Mapping[str, Any]) -> list[str]:
+    """The pipeline's structured-output constraint, compiled now (without the model), so
+    a broken schema fails the file's load and not every request."""
+    found = constraint(config)
+    if found is None:
+        return []
+    try:
+        check_constraint(*found)
+    except ConfigError as exc:
+        return [f"[{'output' if found[0] in output else 'generation'}] {exc}"]
+    return []
+
+
+def _relocate(message: str, output: Mapping[str, Any]) -> list[str]:
+    """resolve()'s problems, each placed under [generation] (or its component table, or
+    [output] for the setting [output] stands for)."""
     body = message.removeprefix("invalid generation config:").strip()
     lines = [line.strip().removeprefix("- ") for line in body.splitlines() if line.strip()]
     out = []
     for line in lines:
         key = line.split(" ", 1)[0].split("=", 1)[0]
-        table = key if key in _COMPONENTS else "generation"
+        table = key if key in _COMPONENTS else "output" if key in output else "generation"
         out.append(f"[{table}] {line}" if key in FIELDS else line)
     return out
 

@@ -93,7 +93,7 @@ def validate(config: GenerationConfig) -> list[str]:
     given = _given(config)
     if len(given) > 1:
         return [
-            f"{' and '.join(given)} are all set: a request's output follows one constraint "
+            f"{' and '.join(given)} are set together: a request's output follows one constraint "
             "(json_schema, json_object, regex, grammar or choice)"
         ]
     return []

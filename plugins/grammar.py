@@ -32,7 +32,6 @@ from ortgen import Candidates, ConfigError, GenerationContext, hookimpl
 from .grammar_compile import check_grammar, grammar_text, shared_tokenizer
 
 _SETTINGS = ("json_schema", "json_object", "regex", "grammar", "choice")
-_SHIFTS = np.arange(32, dtype=np.uint32)
 
 
 class GrammarConstraint:
@@ -95,39 +94,33 @@ class GrammarConstraint:
     # -- the mask ------------------------------------------------------------------
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        bits = self._mask_for(scores)
-        allowed = self._allowed_dense(bits, scores.shape)
+        allowed = self._mask_for(scores)
         out = np.array(scores, dtype=np.float32)
-        out[~allowed] = -np.inf
+        np.putmask(out, ~allowed, -np.inf)
         self._check_rows(out)
         return out
 
     def sparse(self, input_ids: np.ndarray, scores: np.ndarray | Candidates) -> Candidates | None:
         """The allowed scores as Candidates when few tokens are allowed; None (the dense
         ``__call__``) when many are, e.g. free text inside a JSON string."""
-        bits = self._mask_for(scores)
-        batch, vocab = scores.shape
-        words = np.flatnonzero(bits)
-        if isinstance(scores, Candidates):
-            rows = np.repeat(np.arange(batch), np.diff(np.append(scores.starts, scores.cols.size)))
-            held = (bits[rows, scores.cols >> 5].view(np.uint32) >> (scores.cols & 31)) & 1
+        allowed = self._mask_for(scores)
+        if isinstance(scores, Candidates):  # an earlier processor left few: keep the allowed
             remove = np.zeros(scores.packed.shape, dtype=bool)
-            remove.reshape(-1)[scores.slots] = held == 0
+            remove.reshape(-1)[scores.slots] = ~allowed.reshape(-1)[scores.flat]
             kept = scores.keep(remove)
             self._check_rows(kept.packed)
             return kept
-        if words.size * 4 > bits.size:  # many allowed: the dense mask is cheaper
-            return None
-        flat = self._allowed_flat(bits, words, vocab)
-        if flat.size * 16 > batch * vocab:  # above 1/16, Candidates cost more than they save
+        flat = np.flatnonzero(allowed)
+        if flat.size * 16 > allowed.size:  # above 1/16, Candidates cost more than they save
             return None
         kept = Candidates.at(np.asarray(scores, dtype=np.float32), flat)
         self._check_rows(kept.packed)
         return kept
 
     def _mask_for(self, scores: Any) -> np.ndarray:
-        """This step's bits (B, words) int32, computed once for the scores they mask
-        (``sparse`` then ``__call__`` on the same scores); ``advance`` forgets them."""
+        """This step's allowed tokens (B, V) bool, computed once for the scores they mask
+        (``sparse`` then ``__call__`` on the same scores); ``advance`` forgets them.
+        llguidance writes one bit per token; they are unpacked once (a bool view)."""
         if self._held is not None and self._held[0] == id(scores):
             return self._held[1]
         import llguidance.numpy
@@ -139,32 +132,18 @@ class GrammarConstraint:
             if matcher.is_error():
                 raise ValueError(f"row {row}: the grammar failed: {_reason(matcher)}")
             llguidance.numpy.fill_next_token_bitmask(matcher, bits, row)
-            if not bits[row].any():
-                why = _reason(matcher) or "no continuation"
-                raise ValueError(
-                    f"row {row}: the grammar allows no token here ({why}); the text so far "
-                    "cannot be completed"
-                )
-        self._held = (id(scores), bits)
-        return bits
-
-    @staticmethod
-    def _allowed_flat(bits: np.ndarray, words: np.ndarray, vocab: int) -> np.ndarray:
-        """Ascending flat (row * vocab + token) indices of the allowed tokens, from the
-        non-zero words only."""
-        width = bits.shape[1]
-        values = bits.reshape(-1)[words].view(np.uint32)
-        on = ((values[:, None] >> _SHIFTS) & 1).astype(bool)
-        rows, columns = np.divmod(words, width)
-        tokens = columns[:, None] * 32 + _SHIFTS.astype(np.int64)
-        flat = rows[:, None] * vocab + tokens
-        on &= tokens < vocab
-        return flat[on]
-
-    @staticmethod
-    def _allowed_dense(bits: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
         unpacked = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")
-        return unpacked[:, : shape[1]].astype(bool)
+        allowed = unpacked.view(bool)[:, : scores.shape[1]]
+        empty = ~allowed.any(axis=1)
+        if empty.any():
+            row = int(np.flatnonzero(empty)[0])
+            why = _reason(self.matchers[row]) or "no continuation"
+            raise ValueError(
+                f"row {row}: the grammar allows no token here ({why}); the text so far "
+                "cannot be completed"
+            )
+        self._held = (id(scores), allowed)
+        return allowed
 
     @staticmethod
     def _check_rows(scores: np.ndarray) -> None:

@@ -66,6 +66,13 @@ def tiny_llama_gen(tiny_model_dirs):
 
 
 @pytest.fixture(scope="session")
+def tiny_text_model(tiny_root: Path) -> Path:
+    """A tiny Llama with a character tokenizer and a chat template, exported once for the
+    tests that need text (structured output from the CLI and in jobs)."""
+    return export_tiny("llama", tiny_root / "text", with_tokenizer=True)
+
+
+@pytest.fixture(scope="session")
 def backbone_dir(tiny_root: Path) -> Path:
     return export_backbone(tiny_root)
 

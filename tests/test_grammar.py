@@ -222,3 +222,16 @@ def test_the_mask_keeps_only_allowed_tokens_dense_and_sparse(gen) -> None:
         got = processor(np.zeros((1, 1), np.int64), scores) if sparse is None else sparse.dense()
         np.testing.assert_array_equal(got, expected)
         assert (sparse is None) == ("regex" in setting)
+
+
+def test_the_latest_layer_that_sets_a_constraint_decides(gen) -> None:
+    """A call's regex replaces a pipeline's schema; a row's choice replaces its call's
+    regex; two constraints in one layer are named."""
+    pipeline = {"json_schema": PERSON}
+    out = gen.generate("Hi", pipeline=pipeline, regex="[a-c]{3}", max_new_tokens=10)
+    assert re.fullmatch("[a-c]{3}", out.text) and out.parsed is None
+    rows = gen.generate([{"prompt": "Hi", "choice": ["yes", "no"]}, "Ho"], regex="z+y",
+                        max_new_tokens=10)  # fmt: skip
+    assert rows.text[0] in ("yes", "no") and re.fullmatch("z+y", rows.text[1])
+    with pytest.raises(ConfigError, match="regex and choice are set together"):
+        gen.generate("Hi", regex="a", choice=["b"])

@@ -4,6 +4,8 @@ The pipeline is checked by loading it; the job's settings and each row's own set
 are resolved over the pipeline layer exactly as a request would resolve them (the
 model's own config files are left out: reading them is cheap, but the point is to check
 a job before the model is even there); every bad row is listed with its line number.
+A row's own structured-output constraint (a ``regex``, a ``json_schema`` of its own) is
+compiled too, without the model, as the pipeline's was when it loaded.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import config as config_mod
+from ..constraint_check import check_constraint
 from ..paths import has_model_config, not_a_model_folder
 from ..pipeline import Pipeline
+from ..structured_settings import CONSTRAINT_FIELDS, constraint
 from . import check_input
 from .ray_engine import RAY_MISSING, ray_available
 
@@ -35,7 +39,10 @@ def dry_run(
     config_mod.resolve([*layers, ("call", dict(settings))])
 
     def check_settings(own: dict[str, Any]) -> None:
-        config_mod.resolve([*layers, ("call", {**settings, **own})])
+        config = config_mod.resolve([*layers, ("call", {**settings, **own})]).config
+        found = constraint(config)
+        if found is not None and any(key in own for key in CONSTRAINT_FIELDS):
+            check_constraint(*found)
 
     problems = []
     if engine == "ray" and not ray_available():

@@ -1,11 +1,16 @@
 """Parquet in and out, through pyarrow (optional: JSONL needs nothing).
 
 Results are kept as JSONL while the job runs (append-only, so a kill loses nothing)
-and become a Parquet file only at the end; see ``results.py``.
+and become a Parquet file only at the end; see ``results.py``. A job under a JSON
+constraint adds a ``parsed`` column, each row's value as JSON text: a Parquet column has
+one type, and the values of one schema need not share one (a field that is a number in
+one row and a string in the next, an empty object Parquet cannot store as a struct),
+where a string column holds any of them.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,9 +62,15 @@ def read_parquet_results(path: Path) -> list[dict[str, Any]]:
     out = []
     for row in pq.read_table(path).to_pylist():
         if row.get("error") is not None:
-            out.append({"id": row["id"], "error": row["error"]})
-        else:
-            out.append({k: v for k, v in row.items() if k != "error"})
+            error = {"id": row["id"], "error": row["error"]}
+            if row.get("usage") is not None:  # a JSON row cut short: its tokens were made
+                error["usage"] = row["usage"]
+            out.append(error)
+            continue
+        record = {k: v for k, v in row.items() if k not in ("error", "parsed")}
+        if row.get("parsed") is not None:  # JSON text; a null cell: a row without it
+            record["parsed"] = json.loads(row["parsed"])
+        out.append(record)
     return out
 
 
@@ -72,16 +83,20 @@ def write_parquet_results(records: list[dict[str, Any]], path: Path) -> None:
         ids = [str(i) for i in ids]
     usage = pa.struct([("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64())])
     id_type = pa.int64() if ids and isinstance(ids[0], int) else pa.string()
-    table = pa.table(
-        {
-            "id": pa.array(ids, type=id_type),
-            "text": pa.array([r.get("text") for r in records], type=pa.string()),
-            "tokens": pa.array([r.get("tokens") for r in records], type=pa.list_(pa.int64())),
-            "finish_reason": pa.array([r.get("finish_reason") for r in records], pa.string()),
-            "usage": pa.array([r.get("usage") for r in records], type=usage),
-            "error": pa.array([r.get("error") for r in records], type=pa.string()),
-        }
-    )
+    columns = {
+        "id": pa.array(ids, type=id_type),
+        "text": pa.array([r.get("text") for r in records], type=pa.string()),
+        "tokens": pa.array([r.get("tokens") for r in records], type=pa.list_(pa.int64())),
+        "finish_reason": pa.array([r.get("finish_reason") for r in records], pa.string()),
+        "usage": pa.array([r.get("usage") for r in records], type=usage),
+    }
+    if any("parsed" in r for r in records):  # only a JSON job has the column
+        parsed = [
+            json.dumps(r["parsed"], ensure_ascii=False) if "parsed" in r else None for r in records
+        ]
+        columns["parsed"] = pa.array(parsed, type=pa.string())
+    columns["error"] = pa.array([r.get("error") for r in records], type=pa.string())
+    table = pa.table(columns)
     partial = path.with_name(path.name + ".tmp")
     pq.write_table(table, partial)
     with open(partial, "rb") as written:

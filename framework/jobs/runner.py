@@ -27,7 +27,7 @@ from .results import ResultLog, open_results
 from .rows import InputRow, RowChecker, id_key, read_rows
 
 if TYPE_CHECKING:
-    from ..api import TextGenerator
+    from ..api import GenerationOutput, TextGenerator
 
 __all__ = [
     "RAY_NEEDS_ITS_RUNNER",
@@ -136,6 +136,7 @@ class RowRunner:
         self.gen = gen
         self.settings = settings
         self.batch_size = batch_size
+        self._job_wants_json: bool | None = None  # rows without settings of their own
 
     def check_settings(self, own: dict[str, Any]) -> None:
         """A row's settings, resolved over the job's as its request will resolve them."""
@@ -172,19 +173,41 @@ class RowRunner:
             message = str(exc) if isinstance(exc, OrtgenError) else f"{type(exc).__name__}: {exc}"
             return [_error(batch[0].row, message)]
         texts = out.text if isinstance(out.text, list) else [out.text] * len(batch)
-        return [
-            {
-                "id": ready.row.id,
-                "text": texts[i],
-                "tokens": out.tokens[i],
-                "finish_reason": out.finish_reasons[i],
-                "usage": {
-                    "prompt_tokens": len(ready.ids),
-                    "completion_tokens": len(out.tokens[i]),
-                },
-            }
-            for i, ready in enumerate(batch)
-        ]
+        return [self._record(ready, out, i, texts[i]) for i, ready in enumerate(batch)]
+
+    def _record(self, ready: _Ready, out: GenerationOutput, i: int, text: Any) -> dict[str, Any]:
+        """Row ``i``'s result line. Under a JSON constraint (``[output]``, or a
+        ``json_schema``/``json_object`` setting) it carries ``parsed``, the JSON value; a
+        row that did not end as whole JSON is an error row saying why, since a result
+        line's ``parsed`` is a promise a downstream reader relies on. That error row keeps
+        its ``usage``: its tokens were generated, and the job's tokens/s counts them."""
+        record = {
+            "id": ready.row.id,
+            "text": text,
+            "tokens": out.tokens[i],
+            "finish_reason": out.finish_reasons[i],
+            "usage": {"prompt_tokens": len(ready.ids), "completion_tokens": len(out.tokens[i])},
+        }
+        if not self._wants_json(ready.own):
+            return record
+        if out.parse_errors is None or out.parse_errors[i] is not None:
+            why = out.parse_errors[i] if out.parse_errors else "the model gave no text to parse"
+            return {**_error(ready.row, why), "usage": record["usage"]}
+        return {**record, "parsed": out.parsed[i]}
+
+    def _wants_json(self, own: dict[str, Any]) -> bool:
+        """Whether a row's request (its own settings over the job's) asks for JSON; a row
+        may ask for another schema, or for none (``"json_schema": null``). Rows without
+        settings of their own share the job's answer, resolved once."""
+        if own:
+            return self._asks_for_json({**self.settings, **own})
+        if self._job_wants_json is None:
+            self._job_wants_json = self._asks_for_json(self.settings)
+        return self._job_wants_json
+
+    def _asks_for_json(self, settings: dict[str, Any]) -> bool:
+        config = self.gen.resolve_config(settings).config
+        return config.json_schema is not None or config.json_object
 
 
 def _error(row: InputRow, message: str) -> dict[str, Any]:
