@@ -48,11 +48,16 @@ class Chain:
     #: them that may know a row's next tokens (``ForcesTokens``); found once, here
     followers: list[tuple[str, FollowsTokens]] = field(default_factory=list)
     forcers: list[tuple[str, ForcesTokens]] = field(default_factory=list)
+    #: followers with ``prepare()``: work for the next step, started beside its forward
+    preparers: list[tuple[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         components = [*self.processors, self.sampler, *self.stopping]
         self.followers = [(n, c) for n, c in components if isinstance(c, FollowsTokens)]
         self.forcers = [(n, c) for n, c in self.followers if isinstance(c, ForcesTokens)]
+        self.preparers = [
+            (n, c) for n, c in self.followers if callable(getattr(c, "prepare", None))
+        ]
 
 
 def processor_specs(config: GenerationConfig, ctx: GenerationContext | None = None) -> list[Spec]:

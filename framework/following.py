@@ -34,10 +34,12 @@ class Following:
         self.fast_forward_tokens = 0
         self._note_components()
         self._refresh_forced(range(self.batch_size))
+        self._prepare_next()
 
     def _note_components(self) -> None:
         """Whether any chain has components to tell (a request without pays nothing)."""
         self._following = any(chain.followers for _, chain in self._groups)
+        self._preparing = any(chain.preparers for _, chain in self._groups)
         self._forcing = any(chain.forcers for _, chain in self._groups) and not self.is_search
 
     def _group_rows(self) -> Iterator[tuple[list[int], Chain]]:
@@ -188,3 +190,17 @@ class Following:
         """Forget every queue (the rows changed under it) and ask again."""
         self._forced = [[] for _ in range(self.batch_size)]
         self._refresh_forced(range(self.batch_size))
+        self._prepare_next()
+
+    def _prepare_next(self) -> None:
+        """Let followers with ``prepare()`` start their work for the next step now, so it
+        runs beside the forward (onnxruntime releases the GIL): only when the next step
+        runs a forward, since a forced step without one needs no mask."""
+        if not self._preparing or self.is_done:
+            return
+        forced = self._forced_column()
+        if forced is not None and self._skips_forward(forced):
+            return
+        for _, chain in self._groups:
+            for name, component in chain.preparers:
+                self._tell("prepare", name, component)

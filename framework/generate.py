@@ -195,6 +195,7 @@ class Generation(Feeding, Following):
                 self.finish(row, "search_done")
         self.steps += 1
         self._take_forced(forced)
+        self._prepare_next()
         if self.is_done and hasattr(self.chain.cache, "remember"):
             self._cache_call("remember", self._held_rows())
         return next_ids

@@ -22,7 +22,9 @@ that allows many (free text inside a string) as a dense copy with ``-inf`` elsew
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -89,12 +91,15 @@ class GrammarConstraint:
         self.matchers = [first] + [first.deep_copy() for _ in range(ctx.batch_size - 1)]
         words = (self.vocab + 31) // 32
         self._bits = np.zeros((ctx.batch_size, words), dtype=np.int32)
-        self._held: tuple[int, np.ndarray] | None = None  # (id of scores, bits) of this step
+        self._held: tuple[int, Any] | None = None  # (id of scores, mask) of this step
+        self._pending: Future[tuple[np.ndarray, np.ndarray | None]] | None = (
+            None  # a mask being computed beside a forward
+        )
 
     # -- the mask ------------------------------------------------------------------
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        allowed = self._mask_for(scores)
+        allowed, _ = self._mask_for(scores)
         out = np.array(scores, dtype=np.float32)
         np.putmask(out, ~allowed, -np.inf)
         self._check_rows(out)
@@ -103,37 +108,50 @@ class GrammarConstraint:
     def sparse(self, input_ids: np.ndarray, scores: np.ndarray | Candidates) -> Candidates | None:
         """The allowed scores as Candidates when few tokens are allowed; None (the dense
         ``__call__``) when many are, e.g. free text inside a JSON string."""
-        allowed = self._mask_for(scores)
+        allowed, flat = self._mask_for(scores)
         if isinstance(scores, Candidates):  # an earlier processor left few: keep the allowed
             remove = np.zeros(scores.packed.shape, dtype=bool)
             remove.reshape(-1)[scores.slots] = ~allowed.reshape(-1)[scores.flat]
             kept = scores.keep(remove)
             self._check_rows(kept.packed)
             return kept
-        flat = np.flatnonzero(allowed)
-        if flat.size * 16 > allowed.size:  # above 1/16, Candidates cost more than they save
+        if flat is None:  # many allowed: the dense mask is cheaper
             return None
         kept = Candidates.at(np.asarray(scores, dtype=np.float32), flat)
         self._check_rows(kept.packed)
         return kept
 
-    def _mask_for(self, scores: Any) -> np.ndarray:
-        """This step's allowed tokens (B, V) bool, computed once for the scores they mask
-        (``sparse`` then ``__call__`` on the same scores); ``advance`` forgets them.
-        llguidance writes one bit per token; they are unpacked once (a bool view)."""
+    def _mask_for(self, scores: Any) -> tuple[np.ndarray, np.ndarray | None]:
+        """This step's mask, computed once for the scores it masks (``sparse`` then
+        ``__call__`` on the same scores; ``advance`` forgets it): the allowed tokens
+        (B, V) bool, and their flat indices when few enough for Candidates."""
         if self._held is not None and self._held[0] == id(scores):
             return self._held[1]
+        if self._bits.shape[0] != scores.shape[0]:
+            raise ValueError(
+                f"expected {self._bits.shape[0]} rows of scores, got {scores.shape[0]}"
+            )
+        if self._pending is not None:  # computed beside the forward (``prepare``)
+            pending, self._pending = self._pending, None
+            mask = pending.result()
+        else:
+            mask = self._compute()
+        self._held = (id(scores), mask)
+        return mask
+
+    def _compute(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """llguidance's bits for every row (it drops the GIL while it computes), unpacked
+        once (a bool view), and the allowed tokens' flat indices when they are at most
+        1/16 of the scores (above that Candidates cost more than they save)."""
         import llguidance.numpy
 
         bits = self._bits
-        if bits.shape[0] != scores.shape[0]:
-            raise ValueError(f"expected {bits.shape[0]} rows of scores, got {scores.shape[0]}")
         for row, matcher in enumerate(self.matchers):
             if matcher.is_error():
                 raise ValueError(f"row {row}: the grammar failed: {_reason(matcher)}")
             llguidance.numpy.fill_next_token_bitmask(matcher, bits, row)
         unpacked = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")
-        allowed = unpacked.view(bool)[:, : scores.shape[1]]
+        allowed = unpacked.view(bool)[:, : self.vocab]
         empty = ~allowed.any(axis=1)
         if empty.any():
             row = int(np.flatnonzero(empty)[0])
@@ -142,8 +160,23 @@ class GrammarConstraint:
                 f"row {row}: the grammar allows no token here ({why}); the text so far "
                 "cannot be completed"
             )
-        self._held = (id(scores), allowed)
-        return allowed
+        flat = np.flatnonzero(allowed)
+        return allowed, (flat if flat.size * 16 <= allowed.size else None)
+
+    def prepare(self) -> None:
+        """Start the next mask on another core while the forward runs: it depends only on
+        the tokens so far, and a forward leaves the caches cold for llguidance (a mask
+        cost ~5x inside the loop what it costs alone). Waited for in ``_mask_for``;
+        anything that moves the matchers waits for it first (``_settle``)."""
+        self._settle()
+        self._pending = _worker().submit(self._compute)
+
+    def _settle(self) -> None:
+        """Wait for a mask computed beside the forward before the matchers move."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.exception()  # its error, if any, belongs to the mask nobody will use
+        self._held = None
 
     @staticmethod
     def _check_rows(scores: np.ndarray) -> None:
@@ -160,7 +193,7 @@ class GrammarConstraint:
     # -- following the text ----------------------------------------------------------
 
     def advance(self, tokens: Sequence[Sequence[int]]) -> None:
-        self._held = None  # the grammar moves on: the next mask is a new one
+        self._settle()  # the grammar moves on: the next mask is a new one
         for row, (matcher, new) in enumerate(zip(self.matchers, tokens, strict=True)):
             for token in new:
                 if matcher.is_stopped() and token in self.eos:
@@ -173,12 +206,13 @@ class GrammarConstraint:
                     )
 
     def rewind(self, counts: Sequence[int]) -> None:
-        self._held = None
+        self._settle()
         for row, (matcher, count) in enumerate(zip(self.matchers, counts, strict=True)):
             if count and not matcher.rollback(int(count)):
                 raise ValueError(f"row {row}: cannot roll the grammar back {count} tokens")
 
     def reorder(self, rows: np.ndarray) -> None:
+        self._settle()
         seen: set[int] = set()
         matchers = []
         for row in np.asarray(rows).tolist():
@@ -190,11 +224,13 @@ class GrammarConstraint:
 
     def fork(self) -> GrammarConstraint:
         """An independent copy at the same place in the grammar (``Generation.fork``)."""
+        self._settle()
         twin = object.__new__(GrammarConstraint)
         twin.__dict__.update(self.__dict__)
         twin.matchers = [m.deep_copy() for m in self.matchers]
         twin._bits = self._bits.copy()
         twin._held = None
+        twin._pending = None
         return twin
 
     def forced_tokens(self, row: int) -> list[int]:
@@ -202,6 +238,7 @@ class GrammarConstraint:
         sequence once it is complete."""
         if not self.fast_forward:
             return []
+        self._settle()
         matcher = self.matchers[row]
         if matcher.is_error():
             return []
@@ -211,7 +248,22 @@ class GrammarConstraint:
 
     def is_complete(self, row: int) -> bool:
         """Whether ``row``'s text so far is a whole sentence of the grammar."""
+        self._settle()
         return self.matchers[row].is_accepting()
+
+
+_WORKER: ThreadPoolExecutor | None = None
+_WORKER_LOCK = threading.Lock()
+
+
+def _worker() -> ThreadPoolExecutor:
+    """One thread that computes masks beside forwards, for every request of the process
+    (each task is one request's own matchers)."""
+    global _WORKER
+    with _WORKER_LOCK:
+        if _WORKER is None:
+            _WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ortgen-grammar")
+        return _WORKER
 
 
 def _reason(matcher: Any) -> str:
