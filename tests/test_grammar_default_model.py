@@ -2,7 +2,8 @@
 
 A 135M model writes parseable JSON reliably only when the decoder is constrained: here
 every answer that ends with the end of sequence must validate with ``jsonschema``
-against its schema, greedy and sampled at temperature 0.7 with several seeds. Each pass
+against its schema, greedy and sampled at temperature 0.7 (seeds 1-5 across the rows;
+``benchmarks/structured.py`` and the server tests sample more). Each pass
 is one batch with a row per schema (per-row settings: each row its own schema and seed),
 so the grammar also runs with many different constraints side by side.
 """
@@ -34,8 +35,7 @@ def _rows(seed_of) -> list[dict]:
     ("name", "settings", "seed_of"),
     [
         ("greedy", {}, None),
-        ("sampled", {"do_sample": True, "temperature": 0.7}, lambda i: 1 + i % 3),
-        ("sampled again", {"do_sample": True, "temperature": 0.7}, lambda i: 11 + i % 3),
+        ("sampled", {"do_sample": True, "temperature": 0.7}, lambda i: 1 + i % 5),
     ],
 )
 def test_every_finished_answer_validates(default_gen, name, settings, seed_of) -> None:
