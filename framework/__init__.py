@@ -29,6 +29,7 @@ from .protocols import (
     GenerationContext,
     KVCache,
     LogitsProcessor,
+    RowSlots,
     Sampler,
     StoppingCriterion,
 )
@@ -97,6 +98,7 @@ __all__ = [
     "ModelLoadError",
     "OrtgenError",
     "PluginError",
+    "RowSlots",
     "Sampler",
     "StoppingCriterion",
     "StreamPiece",

@@ -4,8 +4,8 @@ Split out of ``generate.py`` so the step object reads as the loop (forward → p
 → sampler → append → stop) and this file as the feeding rules: prefill in chunks, rows
 one at a time where a shared-buffer graph needs it, what a cache already holds
 (``reuse``), and what it lets the graph see (``feed_mask``). ``Feeding`` is a mixin of
-``Generation`` and uses its buffers (``ids``, ``mask``, ``length``, ``fed``, ``_pads``,
-``_reused``, ``chain``, ``model``, ``_binding``, ``steps``).
+``Generation`` and uses its buffers (``rows``: ids, mask, pads, reused; ``length``,
+``fed``, ``chain``, ``model``, ``_binding``, ``steps``).
 """
 
 from __future__ import annotations
@@ -56,9 +56,9 @@ class Feeding:
         """The buffer index feeding starts at when rows share one sequence axis (concat
         graphs, or shared-buffer graphs whose rows line up): reused prefixes count only as
         far as every row has one; the cache forgets the rest."""
-        if not self._reused.any():
+        if not self.rows.reused.any():
             return 0
-        starts = self._pads + self._reused
+        starts = self.rows.pads + self.rows.reused
         fed = int(starts.min())
         if (starts != fed).any():
             self._cache_call("crop", fed)
@@ -68,8 +68,8 @@ class Feeding:
         """Each row's real tokens whose keys/values the cache holds (no padding)."""
         rows = []
         for row in range(self.batch_size):
-            pad = int(self._pads[row])
-            rows.append(self.ids[row, pad : min(self._end(row), self.fed)].tolist())
+            pad = int(self.rows.pads[row])
+            rows.append(self.rows.ids[row, pad : min(self._end(row), self.fed)].tolist())
         return rows
 
     def _forward(self) -> np.ndarray:
@@ -88,7 +88,7 @@ class Feeding:
             self.fed = end
             if end == self.length:
                 if start < self.prompt_length:  # a reused prefix is part of the prompt
-                    self._reused[:] = 0  # prefilled: from now on every row's cache is complete
+                    self.rows.reused[:] = 0  # prefilled: from now on every row's cache is complete
                 return logits[:, -1, :]
 
     def _forward_chunk(self, start: int, end: int) -> np.ndarray:
@@ -97,7 +97,7 @@ class Feeding:
         positions = None
         if self.model.signature.has_position_ids:
             positions = self._positions(start, end)
-        return self._run(self.ids[:, start:end], self.mask[:, :end], positions)
+        return self._run(self.rows.ids[:, start:end], self.rows.mask[:, :end], positions)
 
     def _by_rows(self, start: int, end: int) -> bool:
         """Whether positions [start, end) go row by row: on a shared-buffer graph, for
@@ -118,10 +118,10 @@ class Feeding:
     def _positions(self, start: int, end: int) -> np.ndarray:
         """Hugging Face's position ids for positions [start, end) of every row."""
         if start < self.prompt_length:  # cumsum(mask) - 1, and 1 at pads
-            seen = self.mask[:, :end]
+            seen = self.rows.mask[:, :end]
             return np.where(seen == 0, 1, np.cumsum(seen, axis=1) - 1)[:, start:]
         # every token from the prompt on is real: a position is its column less the padding
-        return start - self._pads[:, None] + np.arange(end - start)
+        return start - self.rows.pads[:, None] + np.arange(end - start)
 
     def _forward_rows(self, start: int, end: int) -> np.ndarray:
         """Prefill positions [start, end) row by row, without the left padding.
@@ -134,8 +134,8 @@ class Feeding:
         rows = []
         try:
             for row in range(self.batch_size):
-                pad = int(self._pads[row])
-                first = max(start, pad + int(self._reused[row]))  # reused: already held
+                pad = int(self.rows.pads[row])
+                first = max(start, pad + int(self.rows.reused[row]))  # reused: already held
                 if first >= end:  # this chunk is all padding for the row (never the last)
                     continue
                 logits = self._run_row(row, first, end)
@@ -148,12 +148,17 @@ class Feeding:
         return np.concatenate(rows, axis=0)
 
     def _run_row(self, row: int, first: int, end: int) -> np.ndarray:
-        """Feed ``row``'s columns [first, end) alone on a shared-buffer graph: the cache
-        exposes that row (the caller selects all rows again when done), and the mask is
-        the row's real length so far, which is all such a graph reads from it."""
+        """Feed ``row``'s columns [first, end) alone: the cache exposes that row (the
+        caller selects all rows again when done), and the row is seen without its left
+        padding, as the request alone (the mask is its real length so far, the
+        positions count from its first real token)."""
         self._cache_call("select", row)
-        mask = np.ones((1, end - int(self._pads[row])), dtype=np.int64)
-        return self._run(self.ids[row : row + 1, first:end], mask, None)
+        pad = int(self.rows.pads[row])
+        mask = np.ones((1, end - pad), dtype=np.int64)
+        positions = None
+        if self.model.signature.has_position_ids:
+            positions = np.arange(first - pad, end - pad, dtype=np.int64)[None]
+        return self._run(self.rows.ids[row : row + 1, first:end], mask, positions)
 
     def _run(self, input_ids: np.ndarray, mask: np.ndarray, positions: np.ndarray | None):
         """One forward: past (and present buffers, if the cache owns them) from the cache.

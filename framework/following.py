@@ -3,8 +3,8 @@
 Split out of ``generate.py`` as ``feeding.py`` is: the step object reads as the loop, and
 this file as the rules for components that follow the text (``FollowsTokens``: a
 grammar) and may know a row's next tokens (``ForcesTokens``). ``Following`` is a mixin of
-``Generation`` and uses its fields (``_groups``, ``unfinished``, ``ids``, ``length``,
-``_prompt_end``, ``steps``, ``record``) plus its own per-row queue ``_forced``.
+``Generation`` and uses its fields (``_groups``, ``rows``, ``length``, ``steps``,
+``record``); each row's queue of forced tokens is ``rows.forced``.
 
 A forced token is taken, not sampled: after the processors, the forced row's scores
 become a point mass on it and the sampler picks it (drawing its random number, so a
@@ -16,6 +16,7 @@ all: its tokens are fed together with the next sampled token, in one forward.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -26,15 +27,22 @@ from .errors import ComponentError
 
 
 class Following:
-    """How a step object keeps stateful components in step (see module doc)."""
+    """How a step object keeps stateful components in step (see module doc).
+
+    Every call is made per settings group and isolated like the loop's own (a component
+    that raises fails the rows it serves, through ``_isolated``); ``failed`` collects the
+    errors of the current step, which ``step()`` raises unless the batch is open.
+    """
 
     def _init_following(self) -> None:
-        self._forced: list[list[int]] = [[] for _ in range(self.batch_size)]
         #: tokens appended by forced steps that ran no forward of their own
         self.fast_forward_tokens = 0
         self._note_components()
-        self._refresh_forced(range(self.batch_size))
-        self._prepare_next()
+        failed: list[ComponentError] = []
+        self._refresh_forced(range(self.batch_size), failed)
+        self._prepare_next(failed)
+        if failed:
+            raise failed[0]
 
     def _note_components(self) -> None:
         """Whether any chain has components to tell (a request without pays nothing)."""
@@ -42,11 +50,13 @@ class Following:
         self._preparing = any(chain.preparers for _, chain in self._groups)
         self._forcing = any(chain.forcers for _, chain in self._groups) and not self.is_search
 
-    def _group_rows(self) -> Iterator[tuple[list[int], Chain]]:
-        """(batch rows in the chain's own order, chain) for chains that follow tokens."""
-        for rows, chain in self._groups:
-            if chain.followers:
-                yield (list(range(self.batch_size)) if rows is None else rows.tolist()), chain
+    def _group_rows(self) -> Iterator[tuple[np.ndarray | None, list[int], Chain]]:
+        """(group, batch rows in the chain's own order, chain) for chains that follow
+        tokens and whose rows have not failed."""
+        for group, chain in self._groups:
+            if chain.followers and not self._has_failed(group):
+                rows = list(range(self.batch_size)) if group is None else group.tolist()
+                yield group, rows, chain
 
     def _tell(self, method: str, name: str, component: Any, *args: Any) -> Any:
         try:
@@ -59,22 +69,41 @@ class Following:
                 f"{type(exc).__name__}: {exc}"
             ) from exc
 
+    def _tell_group(
+        self,
+        group: np.ndarray | None,
+        components: list[tuple[str, Any]],
+        method: str,
+        failed: list,
+        *args: Any,
+    ) -> None:
+        """``method(*args)`` on each of a group's ``components``; an error fails the group."""
+        self._isolated(group, failed, partial(self._tell_each, components, method, *args))
+
+    def _tell_each(self, components: list[tuple[str, Any]], method: str, *args: Any) -> None:
+        for name, component in components:
+            self._tell(method, name, component, *args)
+
     # -- what happened --------------------------------------------------------------
 
-    def _advance(self, tokens: list[list[int]]) -> None:
+    def _advance(self, tokens: list[list[int]], failed: list | None = None) -> None:
         """Tell followers the tokens each batch row gained (``tokens[row]``)."""
         if not self._following:
             return
-        for rows, chain in self._group_rows():
-            told = [tokens[row] for row in rows]
-            for name, component in chain.followers:
-                self._tell("advance", name, component, told)
+        errors: list[ComponentError] = [] if failed is None else failed
+        for group, rows, chain in self._group_rows():
+            if any(tokens[row] for row in rows):
+                told = [tokens[r] for r in rows]
+                self._tell_group(group, chain.followers, "advance", errors, told)
+        if failed is None and errors:
+            raise errors[0]
 
-    def _advance_column(self, next_ids: np.ndarray, active: np.ndarray) -> None:
+    def _advance_column(self, next_ids: np.ndarray, active: np.ndarray, failed: list) -> None:
         """Tell followers the token each running row gained this step."""
         if self._following:
             ids = next_ids.tolist()
-            self._advance([[ids[row]] if active[row] else [] for row in range(len(ids))])
+            tokens = [[ids[row]] if active[row] else [] for row in range(len(ids))]
+            self._advance(tokens, failed)
 
     def _rewind_followers(self, new_length: int) -> None:
         """Before the buffer is cut to ``new_length``: each row forgets the tokens it
@@ -83,18 +112,19 @@ class Following:
             return
         counts = []
         for row in range(self.batch_size):
-            end, start = self._end(row), int(self._prompt_end[row])
+            end, start = self._end(row), int(self.rows.prompt_end[row])
             counts.append(max(0, end - start) - max(0, min(end, new_length) - start))
-        for rows, chain in self._group_rows():
+        for _, rows, chain in self._group_rows():
             for name, component in chain.followers:
                 self._tell("rewind", name, component, [counts[row] for row in rows])
 
     def _reorder_followers(self, parents: np.ndarray) -> None:
-        """Rows became copies of ``parents`` (a search strategy's beams)."""
-        self._forced = [list(self._forced[p]) for p in parents.tolist()]
+        """Rows became copies of ``parents`` (a search strategy's beams); the per-row
+        forced queues moved with ``RowState.take``: copy the lists they now share."""
+        self.rows.forced = [list(queue) for queue in self.rows.forced]
         if not self._following:
             return
-        for rows, chain in self._group_rows():
+        for _, rows, chain in self._group_rows():
             if len(rows) != self.batch_size:
                 raise ComponentError(
                     "a search strategy moved rows across settings groups; components that "
@@ -105,55 +135,69 @@ class Following:
 
     # -- forced tokens ----------------------------------------------------------------
 
-    def _refresh_forced(self, rows: Any) -> None:
+    def _refresh_forced(self, rows: Any, failed: list) -> None:
         """Ask forcers for the next tokens of ``rows`` whose queue is used up."""
         if not self._forcing:
             return
-        wanted = {row for row in rows if self.unfinished[row] and not self._forced[row]}
+        queues, running = self.rows.forced, self.rows.unfinished
+        wanted = {row for row in rows if running[row] and not queues[row]}
         if not wanted:
             return
-        for group_rows, chain in self._group_rows():
-            for index, row in enumerate(group_rows):
-                if row not in wanted:
-                    continue
-                for name, forcer in chain.forcers:
-                    tokens = self._tell("forced_tokens", name, forcer, index)
-                    if len(tokens):
-                        self._forced[row] = [int(t) for t in tokens]
-                        break
+        for group, group_rows, chain in self._group_rows():
+            if chain.forcers and wanted.intersection(group_rows):
+                self._isolated(group, failed, partial(self._ask, chain, group_rows, wanted))
+
+    def _ask(self, chain: Chain, group_rows: list[int], wanted: set[int]) -> None:
+        for index, row in enumerate(group_rows):
+            if row not in wanted:
+                continue
+            for name, forcer in chain.forcers:
+                tokens = self._tell("forced_tokens", name, forcer, index)
+                if len(tokens):
+                    self.rows.forced[row] = [int(t) for t in tokens]
+                    break
 
     def _forced_column(self) -> np.ndarray | None:
         """This step's forced token per row (-1: the row samples), or None for none."""
         if not self._forcing:
             return None
-        heads = [q[0] if q and self.unfinished[row] else -1 for row, q in enumerate(self._forced)]
-        if max(heads) < 0:
+        running = self.rows.unfinished
+        heads = [q[0] if q and running[row] else -1 for row, q in enumerate(self.rows.forced)]
+        if not heads or max(heads) < 0:
             return None
         return np.asarray(heads, dtype=np.int64)
 
     def _skips_forward(self, forced: np.ndarray) -> bool:
         """Whether this step needs no forward: past the prefill, every running row forced,
-        and no raw logits asked for (there would be none to record)."""
-        running = self.unfinished
+        and no raw logits asked for (there would be none to record). Not in an open
+        batch: its rows joined at different places, and a forward of several tokens on
+        a past goes row by row on fused graphs, which costs more than it saves there."""
+        if self._open:  # rows at different places: every step feeds one token per row
+            return False
+        running = self.rows.unfinished
         return self.steps > 0 and bool((forced[running] >= 0).all()) and not self.record.want_logits
 
-    def _forced_pick(self, forced: np.ndarray) -> tuple[np.ndarray, Candidates]:
+    def _forced_pick(self, forced: np.ndarray, failed: list) -> tuple[np.ndarray, Candidates]:
         """A step without a forward: every running row takes its forced token (finished
         rows their padding) through its sampler, which sees a point mass."""
         tokens = np.where(forced >= 0, forced, self.pad_token_id)
         vocab = self.model.signature.vocab_size
         scores = Candidates.point(tokens, vocab)
-        input_ids = self.ids[:, : self.length]
-        next_ids = np.empty(self.batch_size, dtype=np.int64)
+        input_ids = self.sequences
+        next_ids = tokens.copy()
         for rows, chain in self._groups:
+            if self._has_failed(rows):
+                continue
             if rows is None:
-                picked = self._sample(chain, input_ids, scores)
-                next_ids[:] = picked
-            else:
-                ids, _ = self._group_view(rows, chain, input_ids, None)
-                next_ids[rows] = self._sample(chain, ids, Candidates.point(tokens[rows], vocab))
-        self._check_forced(forced, next_ids)
-        self.fast_forward_tokens += int(self.unfinished.sum())
+                self._isolated(rows, failed, partial(self._sample, chain, input_ids, scores))
+                continue
+            ids, _ = self._group_view(rows, chain, input_ids, None)
+            point = Candidates.point(tokens[rows], vocab)
+            picked = self._isolated(rows, failed, partial(self._sample, chain, ids, point))
+            if picked is not None:
+                next_ids[rows] = picked
+        self._isolated(None, failed, partial(self._check_forced, forced, next_ids))
+        self.fast_forward_tokens += int(self.rows.unfinished.sum())
         return next_ids, scores
 
     def _force_scores(self, scores: Any, forced: np.ndarray | None) -> Any:
@@ -177,22 +221,26 @@ class Following:
                 f"{self.steps}, where token {int(forced[row])} was certain (a point mass)"
             )
 
-    def _take_forced(self, forced: np.ndarray | None) -> None:
+    def _take_forced(self, forced: np.ndarray | None, failed: list) -> None:
         """Drop the forced tokens this step used, and ask for more where they ran out."""
         if not self._forcing:
             return
         if forced is not None:
             for row in np.flatnonzero(forced >= 0).tolist():
-                self._forced[row].pop(0)
-        self._refresh_forced(range(self.batch_size))
+                if self.rows.forced[row]:
+                    self.rows.forced[row].pop(0)
+        self._refresh_forced(range(self.batch_size), failed)
 
     def _reset_forced(self) -> None:
         """Forget every queue (the rows changed under it) and ask again."""
-        self._forced = [[] for _ in range(self.batch_size)]
-        self._refresh_forced(range(self.batch_size))
-        self._prepare_next()
+        self.rows.forced = [[] for _ in range(self.batch_size)]
+        failed: list[ComponentError] = []
+        self._refresh_forced(range(self.batch_size), failed)
+        self._prepare_next(failed)
+        if failed and not self._open:
+            raise failed[0]
 
-    def _prepare_next(self) -> None:
+    def _prepare_next(self, failed: list) -> None:
         """Let followers with ``prepare()`` start their work for the next step now, so it
         runs beside the forward (onnxruntime releases the GIL): only when the next step
         runs a forward, since a forced step without one needs no mask."""
@@ -201,6 +249,6 @@ class Following:
         forced = self._forced_column()
         if forced is not None and self._skips_forward(forced):
             return
-        for _, chain in self._groups:
-            for name, component in chain.preparers:
-                self._tell("prepare", name, component)
+        for group, _, chain in self._group_rows():
+            if chain.preparers:
+                self._tell_group(group, chain.preparers, "prepare", failed)

@@ -111,6 +111,31 @@ class KVCache(Protocol):
     def nbytes(self) -> int: ...
 
 
+@runtime_checkable
+class RowSlots(Protocol):
+    """Optional capability of a KV cache whose rows come and go: a continuous batch
+    (``Generation.open()``, the server) admits requests as rows and releases them.
+
+    - ``add_rows(count)``: ``count`` new rows after the last, holding nothing yet; a
+      joining row is then prefilled alone through ``select(row)`` (``inputs()`` and
+      ``outputs()``/``update()`` cover that row only, from its first position).
+    - ``keep_rows(order)``: row ``i`` becomes old row ``order[i]``; the others are
+      dropped (``order`` only moves rows down, into freed places).
+
+    Optional, and used when present: ``shift(columns)`` (keys/values that follow the
+    token buffer's columns: add that many positions on the left, negative drops them);
+    ``reuse_row(row, prompt, chunk) -> int`` (copy in the longest prompt prefix the
+    cache holds from any row, return its length; only what the loop would feed in
+    several-token forwards anyway), ``note_row(row, prompt, taken, chunk)`` (what the
+    row's prefill computed), ``copy_row(source, target, positions)`` (a row joining
+    with another row's very prompt takes its keys/values).
+    """
+
+    def add_rows(self, count: int) -> None: ...
+
+    def keep_rows(self, order: np.ndarray) -> None: ...
+
+
 @dataclass(frozen=True)
 class GenerationContext:
     """Facts about one request, handed to factories that ask for ``ctx``.

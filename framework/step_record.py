@@ -18,7 +18,12 @@ import numpy as np
 
 
 class StepRecord:
-    """Per-position log-probabilities and per-step scores of one request."""
+    """Per-position log-probabilities and per-step scores of one request.
+
+    Log-probabilities are kept per row (``wanted``, ``tops``): rows of a batch that
+    joined with their own settings (a server request) may ask for them or not, and for
+    different numbers of alternatives; only the rows that asked are computed.
+    """
 
     def __init__(
         self,
@@ -30,15 +35,25 @@ class StepRecord:
         scores: bool = False,
         logits: bool = False,
     ) -> None:
-        self.want_logprobs = logprobs or top_logprobs > 0
-        self.top = top_logprobs
+        self.wanted = np.full(batch, logprobs or top_logprobs > 0, dtype=bool)
+        self.tops = np.full(batch, top_logprobs, dtype=np.int64)
         self.want_scores = scores
         self.want_logits = logits
         self.scores: list[np.ndarray] = []
         self.logits: list[np.ndarray] = []
         self._chosen = np.full((batch, capacity), np.nan, dtype=np.float32)
-        self._top_ids = np.zeros((batch, capacity, top_logprobs), dtype=np.int64)
-        self._top_values = np.zeros((batch, capacity, top_logprobs), dtype=np.float32)
+        width = max(top_logprobs, 0)
+        self._top_ids = np.zeros((batch, capacity, width), dtype=np.int64)
+        self._top_values = np.zeros((batch, capacity, width), dtype=np.float32)
+
+    @property
+    def want_logprobs(self) -> bool:
+        return bool(self.wanted.any())
+
+    @property
+    def top(self) -> int:
+        """The most alternatives any row asked for."""
+        return int(self.tops.max()) if self.tops.size else 0
 
     @property
     def active(self) -> bool:
@@ -54,7 +69,7 @@ class StepRecord:
         self._top_values = np.pad(self._top_values, ((0, 0), (0, grow), (0, 0)))
 
     def record(
-        self, position: int, next_ids: np.ndarray, logits: np.ndarray, scores: np.ndarray
+        self, position: int, next_ids: np.ndarray, logits: np.ndarray | None, scores: np.ndarray
     ) -> None:
         """Keep what was asked for about the tokens written at ``position``."""
         if self.want_logits:
@@ -63,15 +78,28 @@ class StepRecord:
             self.scores.append(np.array(scores, dtype=np.float32, copy=True))
         if not self.want_logprobs:
             return
+        if self.wanted.all():
+            self._keep(position, np.arange(len(next_ids)), next_ids, scores)
+        else:
+            rows = np.flatnonzero(self.wanted)
+            self._keep(position, rows, next_ids[rows], scores[rows])
+
+    def record_row(self, position: int, row: int, token: int, scores: np.ndarray) -> None:
+        """What ``row`` asked for about ``token`` at ``position`` (a row's first token,
+        picked alone when it joined a batch); ``scores`` (1, V)."""
+        if self.wanted[row]:
+            self._keep(position, np.asarray([row]), np.asarray([token]), scores)
+
+    def _keep(self, position: int, rows: np.ndarray, ids: np.ndarray, scores: np.ndarray) -> None:
         logprobs = log_softmax(scores)
-        rows = np.arange(len(next_ids))
-        self._chosen[:, position] = logprobs[rows, next_ids]
-        if self.top:
-            best = np.argpartition(-logprobs, self.top - 1, axis=1)[:, : self.top]
+        self._chosen[rows, position] = logprobs[np.arange(len(rows)), ids]
+        top = int(self.tops[rows].max())
+        if top:
+            best = np.argpartition(-logprobs, top - 1, axis=1)[:, :top]
             values = np.take_along_axis(logprobs, best, axis=1)
             order = np.lexsort((best, -values), axis=1)  # best first; ties by token id
-            self._top_ids[:, position] = np.take_along_axis(best, order, axis=1)
-            self._top_values[:, position] = np.take_along_axis(values, order, axis=1)
+            self._top_ids[rows, position, :top] = np.take_along_axis(best, order, axis=1)
+            self._top_values[rows, position, :top] = np.take_along_axis(values, order, axis=1)
 
     def forget_steps(self, count: int) -> None:
         """Drop the last ``count`` steps' scores/logits (a rewind)."""
@@ -85,10 +113,66 @@ class StepRecord:
         return self._chosen[row, start:end].tolist()
 
     def top_logprobs(self, row: int, start: int, end: int) -> list[list[tuple[int, float]]]:
-        """The best ``top_logprobs`` alternatives at each position of ``row`` in [start, end)."""
-        ids = self._top_ids[row, start:end].tolist()
-        values = self._top_values[row, start:end].tolist()
+        """The best alternatives ``row`` asked for at each position in [start, end)."""
+        top = int(self.tops[row])
+        ids = self._top_ids[row, start:end, :top].tolist()
+        values = self._top_values[row, start:end, :top].tolist()
         return [list(zip(i, v, strict=True)) for i, v in zip(ids, values, strict=True)]
+
+    # -- rows that move, join and leave ------------------------------------------------
+
+    def take(self, index: np.ndarray) -> None:
+        """Row ``i`` becomes old row ``index[i]`` (as ``RowState.take``)."""
+        self._check_per_row("move rows")
+        self.wanted, self.tops = self.wanted[index], self.tops[index]
+        self._chosen = self._chosen[index]
+        self._top_ids, self._top_values = self._top_ids[index], self._top_values[index]
+
+    def extend(self, other: StepRecord) -> None:
+        """``other``'s rows after these (the same columns)."""
+        self._check_per_row("add rows")
+        capacity = max(self._chosen.shape[1], other._chosen.shape[1])
+        self.reserve(capacity)
+        other.reserve(capacity)
+        width = max(self._top_ids.shape[2], other._top_ids.shape[2])
+        self.wanted = np.concatenate([self.wanted, other.wanted])
+        self.tops = np.concatenate([self.tops, other.tops])
+        self._chosen = np.concatenate([self._chosen, other._chosen])
+        self._top_ids = np.concatenate(
+            [_width(self._top_ids, width), _width(other._top_ids, width)]
+        )
+        self._top_values = np.concatenate(
+            [_width(self._top_values, width), _width(other._top_values, width)]
+        )
+
+    def shift(self, columns: int) -> None:
+        """Columns added on the left (negative: dropped), as ``RowState.shift``."""
+        if columns > 0:
+            self._chosen = np.pad(self._chosen, ((0, 0), (columns, 0)), constant_values=np.nan)
+            pad = ((0, 0), (columns, 0), (0, 0))
+            self._top_ids, self._top_values = (
+                np.pad(self._top_ids, pad),
+                np.pad(self._top_values, pad),
+            )
+        else:
+            self._chosen = self._chosen[:, -columns:]
+            self._top_ids, self._top_values = (
+                self._top_ids[:, -columns:],
+                self._top_values[:, -columns:],
+            )
+
+    def _check_per_row(self, what: str) -> None:
+        if self.want_scores or self.want_logits:
+            raise ValueError(
+                f"output_scores/output_logits keep one (B, V) array per step: rows cannot "
+                f"{what} under them"
+            )
+
+
+def _width(array: np.ndarray, width: int) -> np.ndarray:
+    """``array`` (B, T, w) padded with zeros to ``width`` alternatives."""
+    extra = width - array.shape[2]
+    return np.pad(array, ((0, 0), (0, 0), (0, extra))) if extra > 0 else array
 
 
 def log_softmax(scores: np.ndarray) -> np.ndarray:

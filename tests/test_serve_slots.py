@@ -1,4 +1,4 @@
-"""Prompt prefixes the serving engine's slots hold (``ortgen.serve.slots``): a request
+"""Prompt prefixes the serving engine's slots hold (``ortgen.plugins.kv_slots``): a request
 starts from the longest one any slot holds, joining a batch or after others have left,
 and still gives what it gives alone; the rules that keep every shared position one a
 several-token prefill computed."""
@@ -14,8 +14,8 @@ import pytest
 
 import ortgen
 from ortgen.plugins.kv_prefix import common_prefix_length
+from ortgen.plugins.kv_slots import exact_length, shareable_count
 from ortgen.serve.engine import Engine
-from ortgen.serve.slots import exact_length, shareable_count
 from tests.server_helpers import running_engine
 from tests.tiny_models import export_tiny
 
@@ -138,7 +138,7 @@ def test_generated_tokens_are_never_shared(fused_chat) -> None:
 def test_slots_keep_what_they_hold_when_rows_move_and_forget_it_when_they_grow(
     fused_chat,
 ) -> None:
-    from ortgen.serve.slots import SlotCache
+    from ortgen.plugins.kv_slots import SlotCache
 
     gen = fused_chat
     ctx = gen._context([[0]], gen.resolve_config({}).config)
@@ -146,23 +146,24 @@ def test_slots_keep_what_they_hold_when_rows_move_and_forget_it_when_they_grow(
 
     ctx = dataclasses.replace(ctx, batch_size=3, max_length=16)
     cache = SlotCache(ctx=ctx, capacity=16)
-    cache.set_active(3)
+    cache.add_rows(3)
     for slot, prompt in enumerate([[1, 2, 3, 4], [1, 2, 9, 9, 9], [5, 6, 7]]):
-        cache.note_prefill(slot, prompt, 0)
+        cache.note_row(slot, prompt, 0)
         for buffer in cache._buffers:
             buffer[slot, :, : len(prompt)] = slot + 1
     cache._length = 5
-    cache.keep(np.asarray([0, 2]))  # row 1 left; the last row moved into its slot
+    cache.keep_rows(np.asarray([0, 2]))  # row 1 left; the last row moved into its slot
     assert cache._held == [(1, 2, 3, 4), (5, 6, 7), (5, 6, 7)]
-    assert cache.share_prefix([1, 2, 3, 4, 8, 8], 2) == 4  # from slot 0 into free slot 2
+    cache.add_rows(1)
+    assert cache.reuse_row(2, [1, 2, 3, 4, 8, 8]) == 4  # from slot 0 into free slot 2
     assert all((b[2, :, :4] == 1).all() for b in cache._buffers)
     assert cache._held[2] == (1, 2, 3, 4)
-    assert cache.share_prefix([7, 7, 7], 1) == 0 and cache._held[1] == ()
+    assert cache.reuse_row(1, [7, 7, 7]) == 0 and cache._held[1] == ()
     cache.reorder(np.asarray([1, 0, 2]))  # in place: each prefix goes with its row
     assert cache._held == [(), (1, 2, 3, 4), (1, 2, 3, 4)]
     assert all((b[1, :, :4] == 1).all() and (b[0, :, :3] == 3).all() for b in cache._buffers)
     cache.reorder(np.asarray([1, 0, 2]))
-    cache.set_active(1)
+    cache.keep_rows(np.asarray([0]))
     cache._grow(40)  # only the rows in use are copied: free slots hold nothing any more
     assert cache._held == [(1, 2, 3, 4), (), ()]
 

@@ -26,8 +26,7 @@ from ..api import StreamPiece, TextGenerator
 from ..chain import Chain, build_chain
 from ..config import GenerationConfig
 from ..errors import InputError
-from .batch import ConcatSlots, ContinuousBatch
-from .slots import SlotCache
+from ..generate import Generation
 
 #: positions per row the shared cache starts with (it doubles when a row needs more)
 SLOT_POSITIONS = 256
@@ -125,7 +124,7 @@ class Engine:
         self.gen = gen
         self.max_batch = max_batch
         self.max_queue = max_queue
-        #: whether a row starts from a prompt prefix a slot holds (``ortgen.serve.slots``)
+        #: whether a row starts from a prompt prefix a slot holds (``ortgen.plugins.kv_slots``)
         self.share_prefixes = share_prefixes
         self.stats = EngineStats()
         self._waiting: collections.deque[RowHandle] = collections.deque()
@@ -133,7 +132,7 @@ class Engine:
         self._accepting = True
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="ortgen-engine", daemon=True)
-        self._cache: SlotCache | None = None  # made with the first request
+        self._batch: Generation | None = None  # the open batch, made with the first row
         self._pad = gen.resolve_config({}).config.padding_id
 
     # -- the HTTP side -------------------------------------------------------------
@@ -235,29 +234,27 @@ class Engine:
             return taken
 
     def _run_batched(self) -> None:
-        """Continuous batching (see ``ortgen.serve.batch``): between two steps, waiting rows
-        join and cancelled ones leave; after a step, finished ones leave."""
-        batch: ContinuousBatch | None = None
+        """Continuous batching on an open ``Generation`` (``ortgen.admission``): between
+        two steps, waiting rows join and cancelled ones leave; after a step, finished ones
+        leave."""
         rows: list[RowHandle] = []
         while True:
-            joining = self._next_waiting(self.max_batch - len(rows), block=batch is None)
+            joining = self._next_waiting(self.max_batch - len(rows), block=not rows)
             if joining is None:
                 for handle in rows:
                     self._finish(handle, "cancelled")
                 return
             for handle in joining:
-                batch = self._admit(batch, rows, handle)
-            if batch is not None:  # a row may end with its first token (EOS, a limit of 1)
-                done = [r for r in range(len(rows)) if not batch.unfinished[r]]
-                if done:
-                    batch, rows = self._leave(batch, rows, done, None)
-            if batch is None:
+                self._admit(rows, handle)
+            batch = self._batch
+            if batch is None or not rows:
                 continue
-            cancelled = [r for r, h in enumerate(rows) if h.cancelled.is_set()]
-            if cancelled:
-                batch, rows = self._leave(batch, rows, cancelled, "cancelled")
-                if batch is None:
-                    continue
+            # a row may end with its first token (EOS, a limit of 1), or be cancelled
+            self._leave(rows, [r for r in range(len(rows)) if not batch.unfinished[r]], None)
+            cancelled = [r for r, handle in enumerate(rows) if handle.cancelled.is_set()]
+            self._leave(rows, cancelled, "cancelled")
+            if not rows:
+                continue
             self.stats.batch_size = len(rows)
             self.stats.peak_batch_size = max(self.stats.peak_batch_size, len(rows))
             started = time.perf_counter()
@@ -266,7 +263,7 @@ class Engine:
             except Exception as exc:  # the model itself failed: every row ends
                 for handle in rows:
                     self._fail(handle, exc)
-                batch, rows = None, []
+                self._leave(rows, list(range(len(rows))), None)
                 self.stats.batch_size = 0
                 continue
             self._rate(len(rows), time.perf_counter() - started)
@@ -276,41 +273,26 @@ class Engine:
                     self._fail(handle, error)
                 else:
                     handle.push(self._piece(batch, row, int(next_ids[row])))
-            done = [r for r in range(len(rows)) if not batch.unfinished[r]]
-            if done:
-                batch, rows = self._leave(batch, rows, done, None)
+            self._leave(rows, [r for r in range(len(rows)) if not batch.unfinished[r]], None)
             self.stats.batch_size = len(rows)
 
-    def _admit(
-        self, batch: ContinuousBatch | None, rows: list[RowHandle], handle: RowHandle
-    ) -> ContinuousBatch | None:
-        """Prefill ``handle``'s row into the batch (starting one if there is none)."""
+    def _admit(self, rows: list[RowHandle], handle: RowHandle) -> None:
+        """Prefill ``handle``'s row into the open batch (made with the first row)."""
         if handle.cancelled.is_set():
             self._finish(handle, "cancelled")
-            return batch
-        started_new = batch is None
+            return
         try:
-            chain, logprobs = self._chain(handle)
-            if batch is None:  # a new batch: its first step is this row's prefill
-                batch = ContinuousBatch(
-                    self.gen.model, chain, handle.prompt, pad_token_id=self._pad,
-                    tokenizer=self.gen.tokenizer, logprobs=logprobs,
-                )  # fmt: skip
-                batch.step()
-                row = 0
-                self.stats.reused_prompt_tokens += batch.reused_tokens
-            else:  # prefilled alone, its first token picked: it decodes with the rest
-                before = batch.shared_prefills, batch.reused_tokens
-                row = batch.join(handle.prompt, chain, logprobs=logprobs)
-                self.stats.shared_prefills += batch.shared_prefills - before[0]
-                self.stats.reused_prompt_tokens += batch.reused_tokens - before[1]
-        except Exception as exc:  # its settings, components or the model failed
+            batch = self._open_batch()
+            chain = dataclasses.replace(
+                handle.chain, cache=batch.chain.cache, cache_name=batch.chain.cache_name
+            )
+            before = batch.shared_prefills, batch.reused_tokens
+            row = batch.admit(handle.prompt, chain)
+            self.stats.shared_prefills += batch.shared_prefills - before[0]
+            self.stats.reused_prompt_tokens += batch.reused_tokens - before[1]
+        except Exception as exc:  # its settings, the cache or the model failed
             self._fail(handle, exc)
-            if started_new or batch is None:
-                return None
-            if batch.batch_size > len(rows):  # it failed after joining: take it out
-                batch.leave(list(range(len(rows), batch.batch_size)))
-            return batch
+            return
         rows.append(handle)
         error = batch.errors[row]
         if error is not None:
@@ -318,46 +300,50 @@ class Engine:
         else:
             handle.push(self._piece(batch, row, batch.last_token(row)))
         self.stats.generated_tokens += 1
-        return batch
 
-    def _leave(
-        self, batch: ContinuousBatch, rows: list[RowHandle], gone: list[int], outcome: str | None
-    ) -> tuple[ContinuousBatch | None, list[RowHandle]]:
+    def _leave(self, rows: list[RowHandle], gone: list[int], outcome: str | None) -> None:
+        """Release ``gone`` rows from the batch; ``rows`` follows the batch's new order."""
+        if not gone or self._batch is None:
+            return
         for row in gone:
             handle = rows[row]
             if handle.outcome is None:  # a failure was counted when it was reported
                 self._finish(handle, outcome or "finished")
-        order = batch.leave(gone)
-        kept = [rows[i] for i in order]
-        return (batch if kept else None), kept
+        order = self._batch.release(gone)
+        rows[:] = [rows[i] for i in order]
 
-    def _chain(self, handle: RowHandle) -> tuple[Any, int]:
-        """The row's own components (one row, its settings and seed) over the shared cache,
-        and how many logprob alternatives it wants (-1: none)."""
-        if self._cache is None:
-            self._cache = self._slot_cache()
-        chain = dataclasses.replace(handle.chain, cache=self._cache, cache_name="static")
-        record = chain.record
-        wanted = record["top_logprobs"] if record["logprobs"] or record["top_logprobs"] else -1
-        return chain, wanted
+    def _open_batch(self) -> Generation:
+        """The open batch every row joins, over one KV cache for every row. Fused graphs:
+        ``slots`` for ``max_batch`` rows, positions grown by doubling as the longest row
+        needs (only the rows in use are copied). Optimum graphs: ``concat_slots``, the
+        batch's rows and columns as they are."""
+        if self._batch is None:
+            gen = self.gen
+            ctx = gen._context([[0]], gen.resolve_config({}).config)
+            if gen.model.signature.shared_kv:
+                ctx = dataclasses.replace(ctx, batch_size=self.max_batch, max_length=SLOT_POSITIONS)
+                name = "slots"
+                params: dict[str, Any] = {"capacity": SLOT_POSITIONS, "share": self.share_prefixes}
+            else:
+                name, params = "concat_slots", {}
+            cache = gen.registry.create("kv_cache", name, params, ctx)
+            chain = build_chain(gen.registry, ctx, cache=(name, cache))
+            self._batch = Generation.open(
+                gen.model, chain, pad_token_id=self._pad, tokenizer=gen.tokenizer
+            )
+        return self._batch
 
-    def _slot_cache(self) -> SlotCache | ConcatSlots:
-        """One cache for every row. Fused graphs: ``max_batch`` rows, positions grown by
-        doubling as the longest row needs (only the rows in use are copied). Optimum
-        graphs: the batch's rows and columns as they are (see ``ConcatSlots``)."""
-        ctx = self.gen._context([[0]], self.gen.resolve_config({}).config)
-        if not self.gen.model.signature.shared_kv:
-            return ConcatSlots(ctx=ctx)
-        ctx = dataclasses.replace(ctx, batch_size=self.max_batch, max_length=SLOT_POSITIONS)
-        return SlotCache(ctx=ctx, capacity=SLOT_POSITIONS, share=self.share_prefixes)
-
-    def _piece(self, batch: ContinuousBatch, row: int, token: int) -> StreamPiece:
-        logged = batch.record.last[row] if batch.record.top[row] >= 0 else None
+    def _piece(self, batch: Generation, row: int, token: int) -> StreamPiece:
+        """What ``row`` produced with its newest ``token``: its text, the logprobs it asked
+        for, and its finish reason once it ended."""
+        record = batch.record
+        wanted = bool(record.wanted[row])
+        top = wanted and bool(record.tops[row] > 0)
         return StreamPiece(
             text=batch.new_text(row) if batch.tokenizer is not None else "",
             token=token,
-            logprob=logged[0] if logged else None,
-            top_logprobs=logged[1] if logged and batch.record.top[row] > 0 else None,
+            logprob=batch.logprobs(row)[-1] if wanted else None,
+            top_logprobs=batch.top_logprobs(row)[-1] if top else None,
             finish_reason=None if batch.unfinished[row] else batch.finish_reasons[row],
         )
 
