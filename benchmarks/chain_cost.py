@@ -22,7 +22,7 @@ from sweep import write_report
 
 import ortgen
 from ortgen import scoring
-from ortgen.chain import build_chain
+from ortgen.chain_specs import build_chain
 from ortgen.config import resolve
 from ortgen.plugin_manager import build_registry, make_plugin_manager
 from ortgen.testing import make_context
@@ -53,7 +53,7 @@ def chain_ms(
 ) -> tuple[float, dict[str, float]]:
     """Median milliseconds per step of processors + sampler, on realistic logits.
 
-    Timed on the loop's own path (``ortgen.scoring``: after top-k the scores travel as
+    Timed on the loop's own path (``ortgen.loop.scoring``: after top-k the scores travel as
     Candidates), as a whole and per component (processors by name, then the
     sampler), so that a regression can be traced to its component without a
     profiler. The medians of the parts need not add up to the median of the whole.

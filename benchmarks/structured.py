@@ -68,7 +68,7 @@ import llguidance.numpy
 import numpy as np
 
 import ortgen
-from ortgen.generate import Generation
+from ortgen.loop.generate import Generation
 from ortgen.plugins.grammar import GrammarConstraint
 
 ROOT = Path(__file__).resolve().parent.parent

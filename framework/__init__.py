@@ -36,8 +36,8 @@ from .protocols import (
 
 if TYPE_CHECKING:
     from .api import GenerationOutput, StreamPiece, TextGenerator, load
-    from .chain import logits_processors
-    from .generate import Generation
+    from .chain_specs import logits_processors
+    from .loop.generate import Generation
 
 __version__ = "0.1.0"
 
@@ -46,8 +46,8 @@ _LAZY = {
     "StreamPiece": "api",
     "TextGenerator": "api",
     "load": "api",
-    "Generation": "generate",
-    "logits_processors": "chain",
+    "Generation": "loop.generate",
+    "logits_processors": "chain_specs",
 }
 _default: TextGenerator | None = None
 _default_lock = threading.Lock()  # two threads asking first load the default model once

@@ -18,9 +18,9 @@ import numpy as np
 
 from . import config as config_mod
 from . import prompts as prompts_mod
-from .chain import build_chain, cache_spec
+from .chain_specs import build_chain, cache_spec
 from .errors import ComponentError, ConfigError, InputError
-from .generate import Generation
+from .loop.generate import Generation
 from .model import ExportedModel
 from .paths import ensure_default_model
 from .pipeline import Pipeline, load_pipeline

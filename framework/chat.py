@@ -17,7 +17,7 @@ from .errors import InputError
 
 if TYPE_CHECKING:
     from .api import TextGenerator
-    from .generate import Generation
+    from .loop.generate import Generation
 
 
 class ChatSession:

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from .candidates import Candidates
-from .component_checks import check_candidates, check_ids, check_scores, check_stop
 from .config import GenerationConfig
 from .errors import ComponentError
+from .loop.component_checks import check_candidates, check_ids, check_scores, check_stop
 from .protocols import GenerationContext, LogitsProcessor, Sampler, StoppingCriterion
 
 

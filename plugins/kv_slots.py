@@ -42,7 +42,7 @@ from ortgen import GenerationContext, hookimpl
 from .caches import DynamicCache, StaticCache, as_numpy
 from .kv_prefix import common_prefix_length
 
-#: most positions one forward feeds (the loop's prefill chunk, ``ortgen.feeding``)
+#: most positions one forward feeds (the loop's prefill chunk, ``ortgen.loop.feeding``)
 DEFAULT_CHUNK = 256
 
 

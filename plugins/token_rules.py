@@ -3,7 +3,7 @@ the exponential length penalty, invalid-value removal and renormalisation.
 
 Each one reproduces the Hugging Face logits processor it is named after (transformers
 4.57, ``generation/logits_process.py``) under the names and parameters
-:func:`ortgen.chain.processor_specs` passes: the same output for the same scores, the
+:func:`ortgen.loop.chain.processor_specs` passes: the same output for the same scores, the
 same range checks in ``__init__`` (raising :class:`ortgen.ConfigError`), and the value
 ``generate()`` treats as "off" (an empty token list, ``min_length=0``, a decay factor
 of 1) accepted as an unchanged copy. Every ``__call__`` returns a new float32 array and

@@ -467,7 +467,7 @@ def test_misspelt_flag_gets_a_did_you_mean(model: Path) -> None:
 
 def _interrupt_at_step(monkeypatch, at: int) -> None:
     """Make the step object raise KeyboardInterrupt (Ctrl-C) on its ``at``-th step."""
-    from ortgen.generate import Generation
+    from ortgen.loop.generate import Generation
 
     real_step = Generation.step
     calls = {"n": 0}

@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api import StreamPiece, TextGenerator
-from ..chain import Chain, build_chain
+from ..chain_specs import build_chain
 from ..config import GenerationConfig
 from ..errors import InputError
-from ..generate import Generation
+from ..loop.chain import Chain
+from ..loop.generate import Generation
 
 #: positions per row the shared cache starts with (it doubles when a row needs more)
 SLOT_POSITIONS = 256
@@ -234,7 +235,7 @@ class Engine:
             return taken
 
     def _run_batched(self) -> None:
-        """Continuous batching on an open ``Generation`` (``ortgen.admission``): between
+        """Continuous batching on an open ``Generation`` (``ortgen.loop.admission``): between
         two steps, waiting rows join and cancelled ones leave; after a step, finished ones
         leave."""
         rows: list[RowHandle] = []

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api import TextGenerator
-from ..chain import Chain
 from ..config import FIELDS
 from ..config_values import normalise
 from ..errors import ConfigError, InputError, OrtgenError
+from ..loop.chain import Chain
 from ..structured_output import response_format_settings
 from ..structured_settings import CONSTRAINT_FIELDS
 from ..tool_calls import ToolPlan, plan_tools

@@ -1,6 +1,6 @@
 """One row's text as its tokens arrive: incremental detokenizing plus stop strings.
 
-The step object (:class:`ortgen.generate.Generation`) keeps one per row, so every way of
+The step object (:class:`ortgen.loop.generate.Generation`) keeps one per row, so every way of
 driving it (``start()`` + ``step()``, ``generate()``, ``stream()``, chat sessions) gets
 the same text, the same stop-string rule and the same cut before a stop string.
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import ComponentError, InputError
+from ..model import ExportedModel
 from .chain import Chain
-from .errors import ComponentError, InputError
-from .model import ExportedModel
 
 #: Most positions fed to the model in one forward (see ``Feeding._forward``).
 PREFILL_CHUNK = 256

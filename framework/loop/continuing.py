@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import ComponentError, InputError
 from .chain import Chain
-from .errors import ComponentError, InputError
 from .step_record import StepRecord
 
 if TYPE_CHECKING:

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .candidates import Candidates
-from .errors import ComponentError
+from ..candidates import Candidates
+from ..errors import ComponentError
 
 if TYPE_CHECKING:
     from .chain import Chain

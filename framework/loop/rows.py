@@ -12,8 +12,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from ..text import RowText
 from .chain import Chain
-from .text import RowText
 
 
 @dataclass

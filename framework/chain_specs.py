@@ -10,54 +10,18 @@ their source applies them in.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from . import scoring, structured_settings
+from . import structured_settings
 from .config import GenerationConfig
+from .loop import scoring
+from .loop.chain import Chain, Spec
 from .protocols import (
-    FollowsTokens,
-    ForcesTokens,
     GenerationContext,
     KVCache,
     LogitsProcessor,
-    Sampler,
-    StoppingCriterion,
 )
 from .registry import Registry
-
-Spec = tuple[str, dict[str, Any]]
-
-
-@dataclass
-class Chain:
-    """The plain callables the loop calls, each with the name it was registered under."""
-
-    processors: list[tuple[str, LogitsProcessor]]
-    sampler: tuple[str, Sampler]
-    stopping: list[tuple[str, StoppingCriterion]]
-    cache: KVCache
-    cache_name: str = "dynamic"
-    #: per-row text rule: a row stops once its text contains one of these (needs a tokenizer)
-    stop_strings: tuple[str, ...] = ()
-    #: what to keep besides tokens: {"logprobs", "top_logprobs", "scores", "logits"}
-    record: dict[str, Any] = field(default_factory=dict)
-    #: the output is JSON (a ``json_schema`` or ``json_object`` constraint): parse it
-    output_json: bool = False
-    #: the components that follow each row's tokens (``FollowsTokens``), and those of
-    #: them that may know a row's next tokens (``ForcesTokens``); found once, here
-    followers: list[tuple[str, FollowsTokens]] = field(default_factory=list)
-    forcers: list[tuple[str, ForcesTokens]] = field(default_factory=list)
-    #: followers with ``prepare()``: work for the next step, started beside its forward
-    preparers: list[tuple[str, Any]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        components = [*self.processors, self.sampler, *self.stopping]
-        self.followers = [(n, c) for n, c in components if isinstance(c, FollowsTokens)]
-        self.forcers = [(n, c) for n, c in self.followers if isinstance(c, ForcesTokens)]
-        self.preparers = [
-            (n, c) for n, c in self.followers if callable(getattr(c, "prepare", None))
-        ]
 
 
 def processor_specs(config: GenerationConfig, ctx: GenerationContext | None = None) -> list[Spec]:

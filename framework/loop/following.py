@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from .candidates import Candidates
+from ..candidates import Candidates
+from ..errors import ComponentError
 from .chain import Chain
-from .errors import ComponentError
 
 
 class Following:

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from ..candidates import Candidates
+from ..errors import ComponentError
 from . import scoring
-from .candidates import Candidates
 from .chain import Chain
 from .component_checks import check_ids, check_not_nan, check_stop
-from .errors import ComponentError
 
 
 class Picking:

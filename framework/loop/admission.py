@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..errors import ComponentError, InputError
+from ..model import ExportedModel
+from ..protocols import RowSlots
+from ..text import RowText, Tokenizer
 from . import scoring
 from .chain import Chain
-from .errors import ComponentError, InputError
-from .model import ExportedModel
-from .protocols import RowSlots
 from .rows import RowState, one_row
 from .step_record import StepRecord
-from .text import RowText, Tokenizer
 
 if TYPE_CHECKING:
     from .generate import Generation

@@ -23,19 +23,19 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ComponentError, InputError
+from ..exclusive import Exclusive
+from ..model import ExportedModel
+from ..text import RowText, Tokenizer
 from . import scoring
 from .admission import Admission
 from .chain import Chain
 from .continuing import Continuing
-from .errors import ComponentError, InputError
-from .exclusive import Exclusive
 from .feeding import PREFILL_CHUNK, Feeding
 from .following import Following
-from .model import ExportedModel
 from .picking import Picking
 from .rows import RowState
 from .step_record import StepRecord
-from .text import RowText, Tokenizer
 
 
 class Generation(Feeding, Following, Picking, Continuing, Admission):

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .candidates import Candidates
+from ..candidates import Candidates
 from .component_checks import check_candidates, check_scores
 
 #: ``call(kind, name, function, input_ids, scores)``: runs one component's function
