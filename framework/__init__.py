@@ -29,21 +29,24 @@ from .protocols import (
     GenerationContext,
     KVCache,
     LogitsProcessor,
+    Reseedable,
     RowSlots,
     Sampler,
+    SearchStrategy,
     StoppingCriterion,
 )
 
 if TYPE_CHECKING:
-    from .api import GenerationOutput, StreamPiece, TextGenerator, load
+    from .api import TextGenerator, load
     from .chain_specs import logits_processors
     from .loop.generate import Generation
+    from .outputs import GenerationOutput, StreamPiece
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "GenerationOutput": "api",
-    "StreamPiece": "api",
+    "GenerationOutput": "outputs",
+    "StreamPiece": "outputs",
     "TextGenerator": "api",
     "load": "api",
     "Generation": "loop.generate",
@@ -98,8 +101,10 @@ __all__ = [
     "ModelLoadError",
     "OrtgenError",
     "PluginError",
+    "Reseedable",
     "RowSlots",
     "Sampler",
+    "SearchStrategy",
     "StoppingCriterion",
     "StreamPiece",
     "TextGenerator",

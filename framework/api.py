@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +21,15 @@ from .chain_specs import build_chain, cache_spec
 from .errors import ComponentError, ConfigError, InputError
 from .loop.generate import Generation
 from .model import ExportedModel
-from .paths import ensure_default_model
+from .outputs import GenerationOutput, StreamPiece, output_of, with_calls
 from .pipeline import Pipeline, load_pipeline
 from .plugin_manager import build_registry, make_plugin_manager
 from .prompts import PromptEncoder
 from .protocols import GenerationContext
-from .structured_output import parse_json_output, response_format_settings
+from .structured_output import response_format_settings
 from .structured_settings import CONSTRAINT_FIELDS
-from .text import RowText, Tokenizer, load_tokenizer
-from .tool_calls import ToolPlan, plan_tools, read_tool_calls
+from .text import Tokenizer, load_tokenizer
+from .tool_calls import plan_tools
 
 Prompt = prompts_mod.Prompt
 Prompts = prompts_mod.Prompts
@@ -45,65 +44,6 @@ def _settings_key(config: config_mod.GenerationConfig) -> str:
     values = config.to_dict()
     values.pop("seed")
     return json.dumps(values, sort_keys=True, default=str)
-
-
-@dataclass
-class GenerationOutput:
-    """What one ``generate`` call produced.
-
-    ``text`` is a str for one prompt and a list for a batch (prompt excluded, stop
-    strings trimmed; None without a tokenizer). ``tokens`` holds the generated ids
-    per row (no prompt, no padding; the EOS that ended a row is included, as in
-    Hugging Face). ``sequences`` is Hugging Face's (B, T) array: left-padded
-    prompts plus generated tokens, padded after a row finished.
-    """
-
-    text: str | list[str] | None
-    tokens: list[list[int]]
-    sequences: np.ndarray
-    finish_reasons: list[str]
-    stats: dict[str, float] = field(default_factory=dict)
-    #: per row, the log-probability of each generated token (``logprobs=True``)
-    logprobs: list[list[float]] | None = None
-    #: per row and token, the best (token, logprob) pairs (``top_logprobs=N``)
-    top_logprobs: list[list[list[tuple[int, float]]]] | None = None
-    #: one (B, V) array per step: processed scores / raw logits (``output_scores`` /
-    #: ``output_logits``), as transformers' ``scores`` / ``logits``
-    scores: list[np.ndarray] | None = None
-    logits: list[np.ndarray] | None = None
-    #: beam search: each returned sequence's score (sum of log-probs / length ** penalty)
-    sequence_scores: list[float] | None = None
-    #: with a ``json_schema`` or ``json_object`` constraint: the parsed JSON (shaped like
-    #: ``text``), None for a row that did not end as whole JSON; ``parse_errors`` says why
-    parsed: Any = None
-    parse_errors: Any = None
-    #: with ``chat(tools=...)``: each row's tool calls in OpenAI's shape (shaped like
-    #: ``text``; ``text`` is then the answer's content, "" when it is only calls)
-    tool_calls: Any = None
-
-
-@dataclass
-class StreamPiece:
-    """One step of a streamed answer (``TextGenerator.stream_pieces``)."""
-
-    text: str  # text that became safe to show with this step ("" while held back)
-    token: int
-    logprob: float | None = None
-    top_logprobs: list[tuple[int, float]] | None = None
-    finish_reason: str | None = None  # set on the last piece
-
-    @classmethod
-    def of(cls, state: Generation, row: int, token: int) -> StreamPiece:
-        """What ``row`` of ``state`` produced with its newest ``token`` (text only with a
-        tokenizer; logprobs when the request recorded them)."""
-        record = state.record
-        return cls(
-            text=state.new_text(row) if state.tokenizer is not None else "",
-            token=token,
-            logprob=state.logprobs(row)[-1] if record.want_logprobs else None,
-            top_logprobs=state.top_logprobs(row)[-1] if record.top else None,
-            finish_reason=None if state.unfinished[row] else state.finish_reasons[row],
-        )
 
 
 class TextGenerator:
@@ -192,10 +132,10 @@ class TextGenerator:
         except ComponentError as exc:
             for row in np.flatnonzero(state.unfinished).tolist():
                 state.finish(row, "error")  # keeps what the row produced, text included
-            exc.partial = self._output(state, single, stats)  # type: ignore[attr-defined]
+            exc.partial = output_of(state, single, stats)  # type: ignore[attr-defined]
             raise
         stats["total_s"] = time.perf_counter() - started
-        return self._output(state, single, stats)
+        return output_of(state, single, stats)
 
     def stream(
         self, prompt: Prompt, *, pipeline: PipelineArg = None, **settings: Any
@@ -216,9 +156,9 @@ class TextGenerator:
         if state.is_search:
             while not state.is_done:
                 state.step()
-            text = self._output(state, False, {}).text[0]
-            if text:
-                yield text
+            texts = output_of(state, False, {}).text  # a list: single=False
+            if isinstance(texts, list) and texts[0]:
+                yield texts[0]
             return
         while not state.is_done:
             state.step()
@@ -258,7 +198,7 @@ class TextGenerator:
         if not held or len(prompt) <= len(held) or prompt[: len(held)] != held:
             return self._start([prompt], [config])
         assert state is not None
-        ctx = self._context([prompt], config)
+        ctx = self.context([prompt], config)
         cache = (state.chain.cache_name, state.chain.cache)  # the conversation's keys/values
         state.reserve(ctx.max_length)
         state.append([prompt[len(held) :]], chain=build_chain(self.registry, ctx, cache=cache))
@@ -409,14 +349,14 @@ class TextGenerator:
         chains: dict[str, Any] = {}
         cache = None
         if len(groups) > 1:  # one cache for the whole batch, whichever group comes first
-            whole = self._context(rows, configs[0])
+            whole = self.context(rows, configs[0])
             name, params = cache_spec(configs[0], whole)
             cache = (name, self.registry.create("kv_cache", name, params, whole))
         max_length = 0
         for key, members in groups.items():
             config = configs[members[0]]
             row_seeds = tuple(seeds[r] for r in members) if seeds is not None else ()
-            ctx = self._context(
+            ctx = self.context(
                 [rows[r] for r in members], config, prompt_length=prompt_length, row_seeds=row_seeds
             )
             chains[key] = build_chain(self.registry, ctx, cache=cache)
@@ -435,7 +375,7 @@ class TextGenerator:
             row_chains=row_chains,
         )
 
-    def _context(
+    def context(
         self,
         rows: list[list[int]],
         config: config_mod.GenerationConfig,
@@ -443,6 +383,9 @@ class TextGenerator:
         prompt_length: int | None = None,
         row_seeds: tuple[int | None, ...] = (),
     ) -> GenerationContext:
+        """What a request's components are told (``GenerationContext``) for token ``rows``
+        under a resolved ``config``: the facts of this model and request. The server
+        builds each row's components from it with ``ortgen.chain_specs.build_chain``."""
         prompt_length = prompt_length or max(len(r) for r in rows)
         return GenerationContext(
             config=config,
@@ -486,121 +429,6 @@ class TextGenerator:
         lifts = getattr(entry.factory, "lifts_context", None)
         return bool(lifts is not None and lifts(self.model.signature))
 
-    def _search_output(
-        self, state: Generation, results: tuple[list[list[int]], list[float]], single: bool
-    ) -> GenerationOutput:
-        """What a search strategy (beam search) chose: its sequences, decoded. Sequences
-        come item by item, ``len(tokens) // prompts`` per prompt, best first."""
-        tokens, scores = results
-        sampler = state.chain.sampler[1]
-        rows_per_prompt = getattr(sampler, "num_beams", 1)
-        prompts = state.batch_size // rows_per_prompt
-        per_prompt = max(1, len(tokens) // prompts)
-        eos = {int(t) for t in getattr(sampler, "eos", ())}
-        width = state.prompt_length + max((len(t) for t in tokens), default=0)
-        sequences = np.full((len(tokens), width), state.pad_token_id, dtype=np.int64)
-        for i, row in enumerate(tokens):
-            prompt_row = min((i // per_prompt) * rows_per_prompt, state.batch_size - 1)
-            sequences[i, : state.prompt_length] = state.ids[prompt_row, : state.prompt_length]
-            sequences[i, state.prompt_length : state.prompt_length + len(row)] = row
-        reasons = ["eos" if row and row[-1] in eos else "length" for row in tokens]
-        texts = None
-        if self.tokenizer is not None:  # the greedy path's text: cut before a stop string
-            texts = []
-            for i, row in enumerate(tokens):
-                row_text = RowText(self.tokenizer, state.chain.stop_strings)
-                for token in row:
-                    row_text.push(token)
-                texts.append(row_text.close())
-                if row_text.stopped:
-                    reasons[i] = "stop_string"
-        text: str | list[str] | None = texts[0] if single and texts is not None else texts
-        record = state.record
-        return GenerationOutput(
-            text,
-            tokens,
-            sequences,
-            reasons,
-            logprobs=getattr(sampler, "sequence_logprobs", None),
-            top_logprobs=getattr(sampler, "sequence_top_logprobs", None),
-            scores=list(record.scores) if record.want_scores else None,
-            logits=list(record.logits) if record.want_logits else None,
-            sequence_scores=scores,
-        )
-
-    def _output(self, state: Generation, single: bool, stats: dict[str, float]) -> GenerationOutput:
-        output = self._shape_output(state, single, stats)
-        if state.fast_forward_tokens:
-            output.stats["fast_forward_tokens"] = float(state.fast_forward_tokens)
-        if output.text is not None:
-            rows = len(output.tokens)
-            json_rows = [state.row_chain(min(r, state.batch_size - 1)).output_json
-                         for r in range(rows)] if not state.is_search else [
-                state.chain.output_json] * rows  # fmt: skip
-            if any(json_rows):
-                texts = [output.text] if isinstance(output.text, str) else output.text
-                parsed = [
-                    parse_json_output(text, reason) if wanted else (None, None)
-                    for text, reason, wanted in zip(
-                        texts, output.finish_reasons, json_rows, strict=True
-                    )
-                ]
-                values = [value for value, _ in parsed]
-                errors = [error for _, error in parsed]
-                output.parsed = values[0] if isinstance(output.text, str) else values
-                output.parse_errors = errors[0] if isinstance(output.text, str) else errors
-        return output
-
-    def _shape_output(
-        self, state: Generation, single: bool, stats: dict[str, float]
-    ) -> GenerationOutput:
-        steps = state.steps
-        if "prefill_s" in stats and steps > 1 and "total_s" in stats:
-            stats["decode_ms_per_token"] = (
-                1e3 * (stats["total_s"] - stats["prefill_s"]) / (steps - 1)
-            )
-        results = state.search_results()
-        if results is not None:
-            output = self._search_output(state, results, single)
-            output.stats = stats
-            return output
-        tokens = [state.generated(r) for r in range(state.batch_size)]
-        texts = None
-        if self.tokenizer is not None:
-            texts = [state.text(r) for r in range(state.batch_size)]
-        reasons = [r or "error" for r in state.finish_reasons]
-        text: str | list[str] | None = texts[0] if single and texts is not None else texts
-        rows = range(state.batch_size)
-        record = state.record
-        return GenerationOutput(
-            text,
-            tokens,
-            state.sequences.copy(),
-            reasons,
-            stats,
-            logprobs=[state.logprobs(r) for r in rows] if record.want_logprobs else None,
-            top_logprobs=[state.top_logprobs(r) for r in rows] if record.top else None,
-            scores=list(record.scores) if record.want_scores else None,
-            logits=list(record.logits) if record.want_logits else None,
-        )
-
-
-def with_calls(out: GenerationOutput, plan: ToolPlan) -> None:
-    """Read each row's tool calls out of its text: ``text`` becomes the content, the
-    calls go to ``tool_calls`` and a row that made calls finishes with "tool_calls"."""
-    single = isinstance(out.text, str)
-    texts = [out.text] if single else list(out.text or [])
-    contents, calls = [], []
-    for row, text in enumerate(texts):
-        content, row_calls = read_tool_calls(text, plan)
-        contents.append(content or "")
-        calls.append(row_calls)
-        if row_calls:
-            out.finish_reasons[row] = "tool_calls"
-    out.text = contents[0] if single else contents
-    out.tool_calls = calls[0] if single else calls
-    out.parsed = out.parse_errors = None  # the JSON was the calls' envelope, not an answer
-
 
 def load(
     path: str | Path | None = None,
@@ -626,6 +454,8 @@ def load(
     if path is None and pipeline is not None:
         path = pipeline.model_path()
     if path is None:
+        from .export.default_model import ensure_default_model
+
         path = ensure_default_model()
     disabled = [*disable_plugins, *(pipeline.disable_plugins if pipeline else ())]
     return TextGenerator(

@@ -188,7 +188,7 @@ def _ms(seconds: float) -> float:
 
 
 def _variant(folder: Path) -> str | None:
-    from .export.manifest import read_manifest
     from .export.variant import variant_name
+    from .manifest import read_manifest
 
     return variant_name((read_manifest(folder) or {}).get("variant"))

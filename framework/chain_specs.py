@@ -174,12 +174,16 @@ def _explicit(components: tuple[Mapping[str, Any], ...]) -> list[Spec]:
 
 
 def build_chain(
-    registry: Registry, ctx: GenerationContext, *, cache: tuple[str, KVCache] | None = None
+    registry: Registry,
+    ctx: GenerationContext,
+    *,
+    cache: tuple[str, KVCache | None] | None = None,
 ) -> Chain:
     """Create every component of one request (factories run once, here).
 
     ``cache`` (name, backend) carries a cache over from an earlier turn of the same
-    conversation instead of creating a new one.
+    conversation instead of creating a new one; ("none", None) builds a row's chain for
+    an open batch, whose rows share the batch's cache.
     """
     config = ctx.config
 

@@ -9,10 +9,11 @@ default model's export tools, whether any plugin package is installed). They rea
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Iterator
 
-__all__ = ["metadata_folders"]
+__all__ = ["EXPORT_TOOLS", "metadata_folders", "ortgen_version", "tool_versions"]
 
 
 def metadata_folders() -> Iterator[str | None]:
@@ -31,3 +32,48 @@ def metadata_folders() -> Iterator[str | None]:
         for name in names:
             if name.endswith((".dist-info", ".egg-info")):
                 yield os.path.join(root, name)
+
+
+#: The packages whose versions shape an exported graph.
+EXPORT_TOOLS = (
+    "torch",
+    "transformers",
+    "optimum",
+    "optimum-onnx",
+    "onnxruntime",
+    "onnxruntime-genai",
+    "onnx",
+    "onnx-ir",
+)
+
+
+def ortgen_version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def tool_versions() -> dict[str, str | None]:
+    """Installed versions of the export stack (None: not installed).
+
+    Read from the ``NAME-VERSION.dist-info`` folder names on ``sys.path``
+    (``metadata_folders``), without importing importlib.metadata (≈0.1 s, paid by every
+    load of the default model, which checks this).
+    """
+    wanted = {_normalise(name): name for name in EXPORT_TOOLS}
+    versions: dict[str, str | None] = dict.fromkeys(EXPORT_TOOLS)
+    for folder in metadata_folders():
+        match = _DIST_INFO.match(os.path.basename(folder)) if folder is not None else None
+        if match is None:
+            continue
+        name = wanted.get(_normalise(match.group(1)))
+        if name is not None and versions[name] is None:
+            versions[name] = match.group(2)
+    return versions
+
+
+_DIST_INFO = re.compile(r"^(.+?)-([^-]+)\.dist-info$")
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()

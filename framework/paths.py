@@ -1,11 +1,12 @@
-"""Where models live when no path is given, and the default model built on first use."""
+"""Where models live when no path is given.
+
+The default model is built on first use by ``ortgen.export.default_model``.
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-
-from .errors import ModelLoadError
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 
@@ -39,29 +40,3 @@ def not_a_model_folder(folder: str | Path) -> str:
 
 def default_model_dir() -> Path:
     return models_dir() / DEFAULT_MODEL_NAME
-
-
-def ensure_default_model() -> Path:
-    """The default model folder, exported on first use and rebuilt when it is out of date.
-
-    Out of date means its manifest does not match what this ortgen builds (format,
-    ortgen version, variant, source, export tools). Without the export extra nothing
-    can be rebuilt, so a finished folder is used as it is.
-    """
-    import importlib.util
-
-    from .export.manifest import is_complete_model_folder
-
-    folder = default_model_dir()
-    can_export = importlib.util.find_spec("onnxruntime_genai") is not None
-    if is_complete_model_folder(folder) and not can_export:
-        return folder
-    if not can_export:
-        raise ModelLoadError(
-            f"the default model is not built yet ({folder}) and building it needs the export "
-            "tools: pip install 'ortgen[export]', then run `ortgen export --default`"
-        )
-    from .export import print_progress
-    from .export.default_model import build_default_model
-
-    return build_default_model(folder.parent, progress=print_progress)

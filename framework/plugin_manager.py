@@ -21,6 +21,8 @@ from .installed import metadata_folders
 from .registry import KINDS, Registry
 
 ENTRY_POINT_GROUP = "ortgen"
+#: the package whose ``BUILTIN_PLUGINS`` lists the built-in plugin modules
+BUILTIN_PACKAGE = "ortgen.plugins"
 
 
 def make_plugin_manager(
@@ -31,13 +33,13 @@ def make_plugin_manager(
     ``disable`` blocks plugins by name (module name for built-ins, entry-point
     name for installed packages) before they are loaded.
     """
-    from ortgen.plugins import BUILTIN_PLUGINS
-
+    # imported by name, as an entry point is: the host does not depend on its plugins
+    builtins = importlib.import_module(BUILTIN_PACKAGE).BUILTIN_PLUGINS
     pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
     for name in disable:
         pm.set_blocked(name)
-    for module_name in BUILTIN_PLUGINS:
+    for module_name in builtins:
         if not pm.is_blocked(module_name):
             _register(pm, importlib.import_module(module_name), module_name)
     if load_entry_points and _entry_points_may_exist(ENTRY_POINT_GROUP):

@@ -85,6 +85,47 @@ class ForcesTokens(Protocol):
 
 
 @runtime_checkable
+class Reseedable(Protocol):
+    """Optional capability of a sampler with a random stream: ``fork(seed=...)`` reseeds it
+    (``multinomial`` and the llama.cpp samplers have it)."""
+
+    def reseed(self, seed: int) -> None: ...
+
+
+@runtime_checkable
+class SearchStrategy(Protocol):
+    """Optional capability of a sampler that searches over rows (beam search).
+
+    After each call it sets ``parents`` (the row each picked token continues: the loop
+    moves its rows, the cache's keys/values and followers accordingly) and ``done`` (True
+    ends every row). ``finalize(sequences)`` returns the chosen sequences (generated
+    tokens) and their scores, best first per prompt.
+
+    Optional attributes, read with these defaults when absent (:data:`SEARCH_DEFAULTS`):
+    ``num_beams`` (1: rows of the batch per prompt), ``eos`` (() : a chosen sequence
+    ending in one of these ids finished with "eos", else "length"),
+    ``sequence_logprobs`` and ``sequence_top_logprobs`` (None: the chosen tokens'
+    log-probabilities, which the loop cannot keep itself since rows move).
+    """
+
+    parents: np.ndarray | None
+    done: bool
+
+    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray: ...
+
+    def finalize(self, sequences: np.ndarray) -> tuple[list[list[int]], list[float]]: ...
+
+
+#: what a search strategy without the optional attributes is taken to have
+SEARCH_DEFAULTS: dict[str, Any] = {
+    "num_beams": 1,
+    "eos": (),
+    "sequence_logprobs": None,
+    "sequence_top_logprobs": None,
+}
+
+
+@runtime_checkable
 class KVCache(Protocol):
     """Past keys/values kept between forwards of one request.
 

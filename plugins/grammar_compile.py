@@ -21,51 +21,16 @@ for other options through llguidance's ``x-guidance`` key.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Sequence
 from typing import Any
 
-from ortgen import ConfigError
+from ortgen.constraint_check import JSON_DEFAULTS, check_grammar, grammar_text
 
-#: llguidance's JSON options ortgen starts from (a schema's ``x-guidance`` overrides them)
-JSON_DEFAULTS = {"whitespace_flexible": False}
+__all__ = ["JSON_DEFAULTS", "check_grammar", "grammar_text", "shared_tokenizer"]
+
 _STATE_KEY = "grammar.tokenizers"
 _LOCK_KEY = "grammar.lock"
-
-
-def grammar_text(setting: str, value: Any) -> str:
-    """llguidance's grammar for one structured-output setting (see ``structured_settings``)."""
-    import llguidance
-
-    matcher = llguidance.LLMatcher
-    if setting == "json_schema":
-        return matcher.grammar_from_json_schema(value, defaults=JSON_DEFAULTS)
-    if setting == "json_object":
-        return matcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_DEFAULTS)
-    if setting == "regex":
-        return matcher.grammar_from_regex(value)
-    if setting == "grammar":
-        return matcher.grammar_from_lark(value)
-    if setting == "choice":
-        options = " | ".join(json.dumps(option, ensure_ascii=False) for option in value)
-        return matcher.grammar_from_lark(f"start: {options}")
-    raise ValueError(f"unknown structured-output setting {setting!r}")
-
-
-def check_grammar(setting: str, grammar: str, tokenizer: Any) -> None:
-    """Raise ConfigError naming what llguidance refuses in ``setting``'s grammar."""
-    import llguidance
-
-    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
-    if failed:
-        reason = messages[0].strip() if messages else "no reason given"
-        what = {
-            "json_schema": "this JSON Schema",
-            "regex": "this regular expression",
-            "grammar": "this Lark grammar",
-        }.get(setting, f"this {setting}")
-        raise ConfigError(f"{setting}: llguidance cannot compile {what}: {reason}")
 
 
 def shared_tokenizer(

@@ -84,7 +84,7 @@ def no_past_dir(tiny_root: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
-    from ortgen.api import ensure_default_model
+    from ortgen.export.default_model import ensure_default_model
 
     return ensure_default_model()
 

@@ -21,8 +21,9 @@ from ortgen.export.default_model import (
     default_model_stale,
     download_default_gguf,
 )
-from ortgen.export.manifest import MANIFEST_FORMAT, tool_versions
 from ortgen.export.variant import DEFAULT_MODEL_VARIANT
+from ortgen.installed import tool_versions
+from ortgen.manifest import MANIFEST_FORMAT
 from ortgen.paths import DEFAULT_MODEL_NAME
 
 

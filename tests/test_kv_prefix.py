@@ -110,7 +110,7 @@ def test_a_cache_of_another_model_is_refused(tiny_model_dirs, fused_model_dirs) 
     fused = ortgen.load(fused_model_dirs["llama"][1], threads=1)
     state = fused.start(BASE, max_new_tokens=4)
     config = llama.resolve_config({"max_new_tokens": 4}).config
-    ctx = llama._context([BASE], config)
+    ctx = llama.context([BASE], config)
     chain = build_chain(llama.registry, ctx, cache=(state.chain.cache_name, state.chain.cache))
     with pytest.raises(ortgen.InputError, match="made for another model's graph"):
         ortgen.Generation(llama.model, chain, [BASE], max_length=30, pad_token_id=0)

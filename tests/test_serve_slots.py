@@ -141,7 +141,7 @@ def test_slots_keep_what_they_hold_when_rows_move_and_forget_it_when_they_grow(
     from ortgen.plugins.kv_slots import SlotCache
 
     gen = fused_chat
-    ctx = gen._context([[0]], gen.resolve_config({}).config)
+    ctx = gen.context([[0]], gen.resolve_config({}).config)
     import dataclasses
 
     ctx = dataclasses.replace(ctx, batch_size=3, max_length=16)

@@ -23,8 +23,9 @@ import pytest
 
 from ortgen.errors import ExportError
 from ortgen.export.exporter import save_tokenizer
+from ortgen.export.tokenizer_export import save_resolved_tokenizer
 from ortgen.text import Tokenizer
-from ortgen.text.resolved_tokenizer import RESOLVED_FILE, save_resolved_tokenizer
+from ortgen.text.resolved_tokenizer import RESOLVED_FILE
 from tests.text_fixtures import LOADERS, MESSAGES, SYSTEM, WORDS, auto, export_folder, make_corpus
 from tests.text_fixtures import transformers as tf
 

@@ -259,7 +259,7 @@ def test_a_transformers5_folder_goes_to_an_installed_transformers5(
     root: Path, backend: RustTokenizer, monkeypatch: pytest.MonkeyPatch
 ):
     """With transformers 5 installed, AutoTokenizer reads the folder (the exact way)."""
-    from ortgen.export import manifest
+    from ortgen import installed
     from ortgen.text import tokenizer_folder
 
     asked: list[Path] = []
@@ -269,7 +269,7 @@ def test_a_transformers5_folder_goes_to_an_installed_transformers5(
         return None, "transformers 5 stand-in declined"
 
     monkeypatch.setattr(tokenizer_folder, "_read_with_transformers", read)
-    monkeypatch.setattr(manifest, "tool_versions", lambda: {"transformers": "5.24.0"})
+    monkeypatch.setattr(installed, "tool_versions", lambda: {"transformers": "5.24.0"})
     folder = _transformers5_folder(root, backend, "v5-installed")
     with pytest.warns(UserWarning, match="stand-in declined"):
         Tokenizer.from_folder(folder)

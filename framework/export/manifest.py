@@ -1,4 +1,5 @@
-"""``ortgen_manifest.json``: what made a model folder, written last so it marks it complete.
+"""Writing ``ortgen_manifest.json`` (what made a model folder, written last so it marks it
+complete) and telling whether a folder is stale; reading it is ``ortgen.manifest``.
 
 It records the manifest format, the ortgen version, the export variant, the source and
 its sha256, and the export tools' versions. ``stale_reason`` compares a folder with what
@@ -9,66 +10,23 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
-import re
 from pathlib import Path
 from typing import Any
 
-from ..installed import metadata_folders
-from ..paths import has_model_config
+from ..installed import ortgen_version, tool_versions
+from ..manifest import MANIFEST_FORMAT, MANIFEST_NAME, is_complete_model_folder, read_manifest
 
-MANIFEST_NAME = "ortgen_manifest.json"
-#: 1: first release (no ortgen version, no variant); 2: ortgen version and variant;
-#: 3: the tokenizer resolved at export (ortgen_tokenizer.json), so older folders rebuild;
-#: 4: precision ``gguf`` takes its Q4_1 block sums from MatMulNBits rows, and its tied
-#: embedding gathers from the LM head's weight without a Reshape (changed graphs);
-#: 5: fused graphs give the embedding lookup its own table and split a MatMulNBits LM head
-#: in parts (``head_layout``); 6: so do fused fp32 graphs (a float MatMul head, cut along N).
-MANIFEST_FORMAT = 6
+__all__ = [
+    "MANIFEST_FORMAT",
+    "MANIFEST_NAME",
+    "TASK",
+    "is_complete_model_folder",
+    "read_manifest",
+    "stale_reason",
+    "write_manifest",
+]
+
 TASK = "text-generation-with-past"
-#: The packages whose versions shape an exported graph.
-EXPORT_TOOLS = (
-    "torch",
-    "transformers",
-    "optimum",
-    "optimum-onnx",
-    "onnxruntime",
-    "onnxruntime-genai",
-    "onnx",
-    "onnx-ir",
-)
-
-
-def ortgen_version() -> str:
-    from .. import __version__
-
-    return __version__
-
-
-def tool_versions() -> dict[str, str | None]:
-    """Installed versions of the export stack (None: not installed).
-
-    Read from the ``NAME-VERSION.dist-info`` folder names on ``sys.path``
-    (``ortgen.installed``), without importing importlib.metadata (≈0.1 s, paid by every
-    load of the default model, which checks this).
-    """
-    wanted = {_normalise(name): name for name in EXPORT_TOOLS}
-    versions: dict[str, str | None] = dict.fromkeys(EXPORT_TOOLS)
-    for folder in metadata_folders():
-        match = _DIST_INFO.match(os.path.basename(folder)) if folder is not None else None
-        if match is None:
-            continue
-        name = wanted.get(_normalise(match.group(1)))
-        if name is not None and versions[name] is None:
-            versions[name] = match.group(2)
-    return versions
-
-
-_DIST_INFO = re.compile(r"^(.+?)-([^-]+)\.dist-info$")
-
-
-def _normalise(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def write_manifest(
@@ -88,30 +46,6 @@ def write_manifest(
         "files": files,
     }
     (folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-
-
-def read_manifest(folder: str | Path) -> dict[str, Any] | None:
-    """The folder's manifest, or None if it has none or it is not a JSON object."""
-    path = Path(folder) / MANIFEST_NAME
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def is_complete_model_folder(path: str | Path) -> bool:
-    """True if ``path`` holds a finished export: a graph, a config and a readable manifest.
-
-    The manifest is written last, so its presence tells a finished export from a folder
-    someone else put there, or one an interrupted export left.
-    """
-    path = Path(path)
-    return (
-        (path / "model.onnx").is_file()
-        and has_model_config(path)
-        and read_manifest(path) is not None
-    )
 
 
 def stale_reason(

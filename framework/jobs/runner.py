@@ -27,7 +27,8 @@ from .results import ResultLog, open_results
 from .rows import InputRow, RowChecker, id_key, read_rows
 
 if TYPE_CHECKING:
-    from ..api import GenerationOutput, TextGenerator
+    from ..api import TextGenerator
+    from ..outputs import GenerationOutput
 
 __all__ = [
     "RAY_NEEDS_ITS_RUNNER",

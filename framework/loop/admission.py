@@ -32,6 +32,7 @@ from ..text import RowText, Tokenizer
 from . import scoring
 from .chain import Chain
 from .rows import RowState, one_row
+from .step_fields import StepFields
 from .step_record import StepRecord
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 _START_COLUMNS = 64
 
 
-class Admission:
+class Admission(StepFields):
     """Rows joining and leaving a ``Generation`` (see module doc)."""
 
     @classmethod

@@ -16,6 +16,7 @@ from ..protocols import (
     KVCache,
     LogitsProcessor,
     Sampler,
+    SearchStrategy,
     StoppingCriterion,
 )
 
@@ -29,7 +30,8 @@ class Chain:
     processors: list[tuple[str, LogitsProcessor]]
     sampler: tuple[str, Sampler]
     stopping: list[tuple[str, StoppingCriterion]]
-    cache: KVCache
+    #: the KV cache; None for a row of an open batch, which uses the batch's cache
+    cache: KVCache | None
     cache_name: str = "dynamic"
     #: per-row text rule: a row stops once its text contains one of these (needs a tokenizer)
     stop_strings: tuple[str, ...] = ()
@@ -43,11 +45,15 @@ class Chain:
     forcers: list[tuple[str, ForcesTokens]] = field(default_factory=list)
     #: followers with ``prepare()``: work for the next step, started beside its forward
     preparers: list[tuple[str, Any]] = field(default_factory=list)
+    #: the sampler, when it is a search strategy (beam search: it moves rows)
+    search: SearchStrategy | None = None
 
     def __post_init__(self) -> None:
         components = [*self.processors, self.sampler, *self.stopping]
         self.followers = [(n, c) for n, c in components if isinstance(c, FollowsTokens)]
         self.forcers = [(n, c) for n, c in self.followers if isinstance(c, ForcesTokens)]
+        sampler = self.sampler[1]
+        self.search = sampler if isinstance(sampler, SearchStrategy) else None
         self.preparers = [
             (n, c) for n, c in self.followers if callable(getattr(c, "prepare", None))
         ]

@@ -10,24 +10,26 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
 from ..errors import ComponentError, InputError
+from ..protocols import Reseedable
 from .chain import Chain
+from .step_fields import StepFields
 from .step_record import StepRecord
 
 if TYPE_CHECKING:
-    from .generate import Generation
+    pass
 
 
-class Continuing:
+class Continuing(StepFields):
     """fork(), force(), append() and rewind() of a step object (see module doc)."""
 
     # -- branching, teacher forcing, search ----------------------------------------------
 
-    def fork(self, *, seed: int | None = None) -> Generation:
+    def fork(self, *, seed: int | None = None) -> Self:
         """An independent copy of this request as it stands, to continue on its own.
 
         The copy has the same tokens, texts, records and component state, and its own
@@ -45,12 +47,12 @@ class Continuing:
         if seed is not None:
             for _, chain in self._groups:
                 name, sampler = chain.sampler
-                if not hasattr(sampler, "reseed"):
+                if not isinstance(sampler, Reseedable):
                     raise InputError(f"sampler {name!r} cannot be reseeded (no reseed method)")
         with self._driver.hold("fork"):
             return self._fork(seed)
 
-    def _fork(self, seed: int | None) -> Generation:
+    def _fork(self, seed: int | None) -> Self:
         cache = self._cache_call("fork")
         memo: dict[int, Any] = {id(self.model): self.model, id(self.chain.cache): cache}
         if self.tokenizer is not None:
@@ -69,7 +71,9 @@ class Continuing:
         twin._solo = {id(memo[chain_id]) for chain_id in self._solo}
         if seed is not None:
             for _, chain in twin._groups:
-                chain.sampler[1].reseed(seed)
+                sampler = chain.sampler[1]
+                if isinstance(sampler, Reseedable):  # every one is: fork() checked
+                    sampler.reseed(seed)
         return twin
 
     def force(self, tokens: Sequence[int] = ()) -> np.ndarray:

@@ -10,17 +10,24 @@ one at a time where a shared-buffer graph needs it, what a cache already holds
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ..errors import ComponentError, InputError
 from ..model import ExportedModel
 from .chain import Chain
+from .step_fields import StepFields
 
 #: Most positions fed to the model in one forward (see ``Feeding._forward``).
 PREFILL_CHUNK = 256
 
 
-class Feeding:
+if TYPE_CHECKING:
+    pass
+
+
+class Feeding(StepFields):
     """How a step object feeds its model (see module doc)."""
 
     # -- the cache's view ------------------------------------------------------------

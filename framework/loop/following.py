@@ -17,16 +17,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..candidates import Candidates
 from ..errors import ComponentError
 from .chain import Chain
+from .step_fields import StepFields
+
+if TYPE_CHECKING:
+    pass
 
 
-class Following:
+class Following(StepFields):
     """How a step object keeps stateful components in step (see module doc).
 
     Every call is made per settings group and isolated like the loop's own (a component

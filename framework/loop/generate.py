@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ..candidates import Candidates
 from ..errors import ComponentError, InputError
 from ..exclusive import Exclusive
 from ..model import ExportedModel
@@ -202,6 +203,7 @@ class Generation(Feeding, Following, Picking, Continuing, Admission):
         failed: list[ComponentError] = []
         forced = self._forced_column()  # tokens a component knows for certain, if any
         logits: np.ndarray | None
+        scores: np.ndarray | Candidates
         if forced is not None and self._skips_forward(forced):  # fed with the next step's
             logits = None
             next_ids, scores = self._forced_pick(forced, failed)
@@ -212,9 +214,9 @@ class Generation(Feeding, Following, Picking, Continuing, Admission):
             if self._open:
                 return next_ids
             raise failed[0]
-        parents = getattr(self._groups[0][1].sampler[1], "parents", None)
-        if parents is not None:  # a search strategy moved its beams: follow them
-            self._reorder(np.asarray(parents, dtype=np.int64))
+        search = self._groups[0][1].search
+        if search is not None and search.parents is not None:  # it moved beams: follow
+            self._reorder(np.asarray(search.parents, dtype=np.int64))
         active = self.rows.unfinished.copy()
         # Python bools, not np.where: right after a forward, np.where with a Python-int
         # fill value runs ~75 us of cold promotion code; the usual step has no row to pad
@@ -230,7 +232,7 @@ class Generation(Feeding, Following, Picking, Continuing, Admission):
         self._stop(scores, failed)
         for row in stopped:  # after the criteria: an EOS in the same step keeps its reason
             self.finish(row, "stop_string")
-        if getattr(self._groups[0][1].sampler[1], "done", False):
+        if search is not None and search.done:
             for row in np.flatnonzero(self.rows.unfinished).tolist():
                 self.finish(row, "search_done")
         self.steps += 1
@@ -262,7 +264,8 @@ class Generation(Feeding, Following, Picking, Continuing, Admission):
         """A search strategy's ``finalize`` (see the sampler contract), or None."""
         if not self._groups:
             return None
-        return getattr(self._groups[0][1].sampler[1], "finalize", None)
+        search = self._groups[0][1].search
+        return search.finalize if search is not None else None
 
     def _reorder(self, parents: np.ndarray) -> None:
         """Rows become copies of ``parents`` (beam search keeps its best beams): every

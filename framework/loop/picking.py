@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,9 +22,13 @@ from ..errors import ComponentError
 from . import scoring
 from .chain import Chain
 from .component_checks import check_ids, check_not_nan, check_stop
+from .step_fields import StepFields
+
+if TYPE_CHECKING:
+    pass
 
 
-class Picking:
+class Picking(StepFields):
     """Processors → sampler → stopping criteria for every settings group of a step."""
 
     def _pick(
@@ -113,17 +117,20 @@ class Picking:
         are made dense only when a criterion reads them (``uses_scores``, default
         True); the others get None."""
         input_ids = self.sequences
+        dense: np.ndarray | None
         if isinstance(scores, Candidates):
             read = any(
                 getattr(criterion, "uses_scores", True)
                 for _, chain in self._groups
                 for _, criterion in chain.stopping
             )
-            scores = scores.dense() if read else None
+            dense = scores.dense() if read else None
+        else:
+            dense = scores
         for rows, chain in self._groups:
             if self._has_failed(rows):
                 continue
-            ids, group_scores = self._group_view(rows, chain, input_ids, scores)
+            ids, group_scores = self._group_view(rows, chain, input_ids, dense)
             self._isolated(rows, failed, partial(self._stop_group, rows, chain, ids, group_scores))
         if self.length >= self.rows.ids.shape[1] and not self._open:
             for row in np.flatnonzero(self.rows.unfinished):

@@ -29,8 +29,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..api import StreamPiece
 from ..errors import ConfigError, InputError
+from ..outputs import StreamPiece
 from .engine import RowHandle
 from .errors import RequestError, shutting_down
 from .metrics import render

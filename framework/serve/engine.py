@@ -2,7 +2,7 @@
 
 The HTTP layer (``ortgen.serve.app``) turns an OpenAI request into rows (one per
 choice) and submits each with :meth:`Engine.submit`; it gets a :class:`RowHandle`
-whose :meth:`RowHandle.pieces` yields :class:`~ortgen.api.StreamPiece` objects as the
+whose :meth:`RowHandle.pieces` yields :class:`~ortgen.outputs.StreamPiece` objects as the
 decode loop produces them, and which a client that hangs up cancels.
 
 The loop runs in its own thread (onnxruntime releases the GIL while it computes, so the
@@ -22,12 +22,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..api import StreamPiece, TextGenerator
+from ..api import TextGenerator
 from ..chain_specs import build_chain
 from ..config import GenerationConfig
 from ..errors import InputError
 from ..loop.chain import Chain
 from ..loop.generate import Generation
+from ..outputs import StreamPiece
 
 #: positions per row the shared cache starts with (it doubles when a row needs more)
 SLOT_POSITIONS = 256
@@ -60,6 +61,17 @@ class EngineStats:
     queue_length: int = 0
     first_token_s: collections.deque = field(default_factory=lambda: collections.deque(maxlen=512))
     decode_tokens_per_s: float = 0.0
+
+    def count_outcome(self, outcome: str) -> None:
+        """One more row that ended ``outcome`` ("finished", "failed" or "cancelled")."""
+        if outcome == "finished":
+            self.finished += 1
+        elif outcome == "failed":
+            self.failed += 1
+        elif outcome == "cancelled":
+            self.cancelled += 1
+        else:
+            raise ValueError(f"unknown row outcome {outcome!r}")
 
 
 class RowHandle:
@@ -165,7 +177,7 @@ class Engine:
         """Build the row's components (no cache yet) from :meth:`check`'s config, so a
         factory that refuses a value fails the request before anything is sent; the row
         runs with these very components."""
-        ctx = self.gen._context([prompt], config)
+        ctx = self.gen.context([prompt], config)
         return build_chain(self.gen.registry, ctx, cache=("none", None))
 
     def submit(
@@ -228,7 +240,7 @@ class Engine:
                 self._wake.wait()
             if self._stopped:
                 return None
-            taken = []
+            taken: list[RowHandle] = []
             while self._waiting and len(taken) < room:
                 taken.append(self._waiting.popleft())
             self.stats.queue_length = len(self._waiting)
@@ -320,7 +332,7 @@ class Engine:
         batch's rows and columns as they are."""
         if self._batch is None:
             gen = self.gen
-            ctx = gen._context([[0]], gen.resolve_config({}).config)
+            ctx = gen.context([[0]], gen.resolve_config({}).config)
             if gen.model.signature.shared_kv:
                 ctx = dataclasses.replace(ctx, batch_size=self.max_batch, max_length=SLOT_POSITIONS)
                 name = "slots"
@@ -397,7 +409,7 @@ class Engine:
 
     def _finish(self, handle: RowHandle, outcome: str) -> None:
         handle.outcome = outcome
-        setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
+        self.stats.count_outcome(outcome)
         self.stats.prompt_tokens += len(handle.prompt)
         if handle.first_token_s is not None:
             self.stats.first_token_s.append(handle.first_token_s)

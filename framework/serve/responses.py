@@ -17,7 +17,7 @@ import time
 import uuid
 from typing import Any
 
-from ..api import StreamPiece
+from ..outputs import StreamPiece
 from ..text import Tokenizer
 from ..tool_calls import ToolPlan, read_tool_calls
 from .openai_api import ParsedRequest

@@ -3,7 +3,8 @@
 transformers' ``AutoTokenizer.from_pretrained`` changes a folder's ``tokenizer.json``
 before using it (per-class special-token defaults, the Llama-family BOS/EOS
 post-processor, the ``add_prefix_space`` rewrite, added tokens from the config), and
-re-implementing that outside transformers drifts. So the export saves the result instead:
+re-implementing that outside transformers drifts. So the export saves the result instead
+(``ortgen.export.tokenizer_export``; this module is the reading side):
 ``tokenizer.json`` is the fast tokenizer's backend exactly as transformers built it
 (``save_pretrained`` writes ``backend_tokenizer``), and :data:`RESOLVED_FILE` holds the
 little the backend cannot carry (special-token strings, chat templates, the decode
@@ -16,7 +17,6 @@ receive the object from the caller (the exporter, or the loader's fallback).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,17 +24,17 @@ from typing import Any
 
 import tokenizers
 
-from ..errors import ExportError, ModelLoadError
+from ..errors import ModelLoadError
 from ..jsonfile import read_json_object
 
 __all__ = [
     "RESOLVED_FILE",
     "RESOLVED_FORMAT",
     "TokenizerFolder",
-    "describe_tokenizer",
+    "chat_templates_of",
     "folder_from_transformers",
     "read_resolved_folder",
-    "save_resolved_tokenizer",
+    "special_tokens_of",
 ]
 
 RESOLVED_FILE = "ortgen_tokenizer.json"
@@ -43,23 +43,6 @@ RESOLVED_FORMAT = 1
 TOKENIZER_FILE = "tokenizer.json"
 
 ChatTemplates = str | dict[str, str] | None
-
-# Texts the export encodes and decodes with both transformers and the saved folder: a
-# difference means the class does something in Python that tokenizer.json cannot carry.
-PROBE_TEXTS = (
-    "Hello, world! The quick brown fox.",
-    "  leading spaces,\ttabs\tand\n\nnew lines  \r\n",
-    "Über naïve crème — 東京 日本語のテキスト 中文 한국어",
-    "مرحبا بالعالم नमस्ते दुनिया",
-    "emoji 🙂🚀 👍🏽 👨‍👩‍👧 ❤️",
-    "don't , isn't ? x=1 a+b 3.14",
-)
-PROBE_MESSAGES = (
-    {"role": "system", "content": "Be brief."},
-    {"role": "user", "content": "Hi there 🙂"},
-    {"role": "assistant", "content": "Hello!"},
-    {"role": "user", "content": "Über 東京?"},
-)
 
 
 @dataclass
@@ -74,102 +57,7 @@ class TokenizerFolder:
     how: str = "ortgen"  # "ortgen" (this file), "transformers" or "best-effort"
 
 
-# --------------------------------------------------------------------------- export side
-
-
-def describe_tokenizer(tok: Any) -> dict[str, Any]:
-    """The contents of :data:`RESOLVED_FILE` for the transformers fast tokenizer ``tok``."""
-    import transformers  # the caller already has it: ``tok`` is one of its objects
-
-    add_bos, add_eos = _specials_added(tok)
-    return {
-        "format": RESOLVED_FORMAT,
-        "tokenizer_class": type(tok).__name__,
-        "transformers_version": transformers.__version__,
-        "special_tokens": _special_tokens_of(tok),
-        # Informational: tokenizer.json's post-processor inserts them.
-        "add_bos": add_bos,
-        "add_eos": add_eos,
-        "clean_up_tokenization_spaces": bool(tok.clean_up_tokenization_spaces),
-        "split_special_tokens": bool(getattr(tok, "split_special_tokens", False)),
-        "chat_template": _chat_templates_of(tok),
-    }
-
-
-def save_resolved_tokenizer(tok: Any, dest: str | Path) -> None:
-    """Save ``tok`` (a transformers tokenizer) to ``dest`` as ortgen reads it back exactly.
-
-    Writes transformers' own files (``save_pretrained``: tokenizer.json from the fast
-    backend, tokenizer_config.json, ...; transformers can still load the folder) and
-    :data:`RESOLVED_FILE`, then reads the folder back the way ortgen will and checks it
-    against ``tok`` on probe texts. Raises ExportError when ``tok`` is a slow tokenizer
-    (there is no backend to save; writing anything else would give different ids) or
-    when the check finds a difference.
-    """
-    dest = Path(dest)
-    if not getattr(tok, "is_fast", False):
-        raise ExportError(
-            f"the tokenizer is a slow {type(tok).__name__} (transformers could not build a "
-            "fast tokenizer for it, e.g. sentencepiece or tiktoken is missing), so there is "
-            "no tokenizer.json ortgen could read with the same results"
-        )
-    tok.save_pretrained(str(dest))
-    content = describe_tokenizer(tok)
-    text = json.dumps(content, indent=2, ensure_ascii=False) + "\n"
-    (dest / RESOLVED_FILE).write_text(text, encoding="utf-8")
-    check_same_results(tok, read_resolved_folder(dest), what=str(dest))
-
-
-def check_same_results(tok: Any, found: TokenizerFolder, *, what: str) -> None:
-    """Raise ExportError unless ``found`` encodes, decodes and renders chats like ``tok``."""
-    from .tokenizer import Tokenizer  # here: tokenizer imports this module
-
-    mine = Tokenizer.from_found(found, source=what)
-    for text in PROBE_TEXTS:
-        for add in (True, False):
-            want = tok(text, add_special_tokens=add)["input_ids"]
-            got = mine.encode(text, add_special_tokens=add)
-            _same(want, got, f"encode({text!r}, add_special_tokens={add})", tok, what)
-        ids = tok(text)["input_ids"]
-        for skip in (True, False):
-            want_text = tok.decode(ids, skip_special_tokens=skip)
-            got_text = mine.decode(ids, skip_special_tokens=skip)
-            _same(want_text, got_text, f"decode(ids of {text!r}, skip={skip})", tok, what)
-    if not mine.has_chat_template:
-        return
-    try:
-        messages = [dict(m) for m in PROBE_MESSAGES]
-        want_chat = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    except Exception:  # the template rejects these messages: nothing to compare
-        return
-    try:
-        got_chat = mine.apply_chat_template(messages, add_generation_prompt=True)
-    except Exception as exc:  # transformers rendered it: ortgen must too
-        got_chat = f"<error: {exc}>"
-    _same(want_chat, got_chat, "apply_chat_template(probe messages)", tok, what)
-
-
-def _same(want: Any, got: Any, call: str, tok: Any, what: str) -> None:
-    if want != got:
-        raise ExportError(
-            f"the tokenizer saved to {what} gives different results from transformers' "
-            f"{type(tok).__name__} for {call}: transformers {want!r}, ortgen {got!r} "
-            "(the class changes results in Python code tokenizer.json cannot carry)"
-        )
-
-
-def _specials_added(tok: Any) -> tuple[bool, bool]:
-    """Whether ``tok(text)`` prepends BOS / appends EOS (what its post-processor does)."""
-    with_specials = tok("a b")["input_ids"]
-    plain = tok("a b", add_special_tokens=False)["input_ids"]
-    extra = len(with_specials) > len(plain)
-    bos, eos = tok.bos_token_id, tok.eos_token_id
-    add_bos = extra and bos is not None and with_specials[0] == bos
-    add_eos = extra and eos is not None and with_specials[-1] == eos
-    return bool(add_bos), bool(add_eos)
-
-
-def _special_tokens_of(tok: Any) -> dict[str, str | list[str]]:
+def special_tokens_of(tok: Any) -> dict[str, str | list[str]]:
     """``tok.special_tokens_map`` as plain strings: what chat templates see."""
     out: dict[str, str | list[str]] = {}
     for key, value in tok.special_tokens_map.items():
@@ -177,14 +65,11 @@ def _special_tokens_of(tok: Any) -> dict[str, str | list[str]]:
     return out
 
 
-def _chat_templates_of(tok: Any) -> ChatTemplates:
+def chat_templates_of(tok: Any) -> ChatTemplates:
     value = getattr(tok, "chat_template", None)
     if isinstance(value, Mapping):
         return {str(k): str(v) for k, v in value.items()}
     return None if value is None else str(value)
-
-
-# --------------------------------------------------------------------------- run-time side
 
 
 def folder_from_transformers(tok: Any) -> TokenizerFolder:
@@ -192,10 +77,10 @@ def folder_from_transformers(tok: Any) -> TokenizerFolder:
     its backend, its special tokens, chat template(s) and flags (no file involved)."""
     backend = tokenizers.Tokenizer.from_str(tok.backend_tokenizer.to_str())
     _prepare(backend, bool(getattr(tok, "split_special_tokens", False)))
-    templates = _chat_templates_of(tok)
+    templates = chat_templates_of(tok)
     return TokenizerFolder(
         backend=backend,
-        special_tokens=_special_tokens_of(tok),
+        special_tokens=special_tokens_of(tok),
         chat_template=templates,
         chat_template_problem=_template_problem(templates, "the tokenizer"),
         clean_up_tokenization_spaces=bool(tok.clean_up_tokenization_spaces),

@@ -1,0 +1,198 @@
+"""What a request produced: ``GenerationOutput`` (a whole answer) and ``StreamPiece`` (one
+step of a streamed one), built from a finished step object.
+
+Apart from ``api.py`` (which builds and drives requests) because every driver shapes
+its results here: ``generate()``, chat sessions, the job runner and the server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .loop.generate import Generation
+from .protocols import SEARCH_DEFAULTS
+from .structured_output import parse_json_output
+from .text import RowText
+from .tool_calls import ToolPlan, read_tool_calls
+
+__all__ = ["GenerationOutput", "StreamPiece", "output_of", "with_calls"]
+
+
+@dataclass
+class GenerationOutput:
+    """What one ``generate`` call produced.
+
+    ``text`` is a str for one prompt and a list for a batch (prompt excluded, stop
+    strings trimmed; None without a tokenizer). ``tokens`` holds the generated ids
+    per row (no prompt, no padding; the EOS that ended a row is included, as in
+    Hugging Face). ``sequences`` is Hugging Face's (B, T) array: left-padded
+    prompts plus generated tokens, padded after a row finished.
+    """
+
+    text: str | list[str] | None
+    tokens: list[list[int]]
+    sequences: np.ndarray
+    finish_reasons: list[str]
+    stats: dict[str, float] = field(default_factory=dict)
+    #: per row, the log-probability of each generated token (``logprobs=True``)
+    logprobs: list[list[float]] | None = None
+    #: per row and token, the best (token, logprob) pairs (``top_logprobs=N``)
+    top_logprobs: list[list[list[tuple[int, float]]]] | None = None
+    #: one (B, V) array per step: processed scores / raw logits (``output_scores`` /
+    #: ``output_logits``), as transformers' ``scores`` / ``logits``
+    scores: list[np.ndarray] | None = None
+    logits: list[np.ndarray] | None = None
+    #: beam search: each returned sequence's score (sum of log-probs / length ** penalty)
+    sequence_scores: list[float] | None = None
+    #: with a ``json_schema`` or ``json_object`` constraint: the parsed JSON (shaped like
+    #: ``text``), None for a row that did not end as whole JSON; ``parse_errors`` says why
+    parsed: Any = None
+    parse_errors: Any = None
+    #: with ``chat(tools=...)``: each row's tool calls in OpenAI's shape (shaped like
+    #: ``text``; ``text`` is then the answer's content, "" when it is only calls)
+    tool_calls: Any = None
+
+
+@dataclass
+class StreamPiece:
+    """One step of a streamed answer (``TextGenerator.stream_pieces``)."""
+
+    text: str  # text that became safe to show with this step ("" while held back)
+    token: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+    finish_reason: str | None = None  # set on the last piece
+
+    @classmethod
+    def of(cls, state: Generation, row: int, token: int) -> StreamPiece:
+        """What ``row`` of ``state`` produced with its newest ``token`` (text only with a
+        tokenizer; logprobs when the request recorded them)."""
+        record = state.record
+        return cls(
+            text=state.new_text(row) if state.tokenizer is not None else "",
+            token=token,
+            logprob=state.logprobs(row)[-1] if record.want_logprobs else None,
+            top_logprobs=state.top_logprobs(row)[-1] if record.top else None,
+            finish_reason=None if state.unfinished[row] else state.finish_reasons[row],
+        )
+
+
+def output_of(state: Generation, single: bool, stats: dict[str, float]) -> GenerationOutput:
+    """What a finished ``state`` produced, as one ``generate`` call returns it: texts
+    (a str for one prompt), tokens, reasons, records, parsed JSON for JSON rows."""
+    output = _shape_output(state, single, stats)
+    if state.fast_forward_tokens:
+        output.stats["fast_forward_tokens"] = float(state.fast_forward_tokens)
+    if output.text is not None:
+        rows = len(output.tokens)
+        json_rows = [state.row_chain(min(r, state.batch_size - 1)).output_json
+                     for r in range(rows)] if not state.is_search else [
+            state.chain.output_json] * rows  # fmt: skip
+        if any(json_rows):
+            texts = [output.text] if isinstance(output.text, str) else output.text
+            parsed = [
+                parse_json_output(text, reason) if wanted else (None, None)
+                for text, reason, wanted in zip(
+                    texts, output.finish_reasons, json_rows, strict=True
+                )
+            ]
+            values = [value for value, _ in parsed]
+            errors = [error for _, error in parsed]
+            output.parsed = values[0] if isinstance(output.text, str) else values
+            output.parse_errors = errors[0] if isinstance(output.text, str) else errors
+    return output
+
+
+def _shape_output(state: Generation, single: bool, stats: dict[str, float]) -> GenerationOutput:
+    steps = state.steps
+    if "prefill_s" in stats and steps > 1 and "total_s" in stats:
+        stats["decode_ms_per_token"] = 1e3 * (stats["total_s"] - stats["prefill_s"]) / (steps - 1)
+    results = state.search_results()
+    if results is not None:
+        output = _search_output(state, results, single)
+        output.stats = stats
+        return output
+    tokens = [state.generated(r) for r in range(state.batch_size)]
+    texts = None
+    if state.tokenizer is not None:
+        texts = [state.text(r) for r in range(state.batch_size)]
+    reasons = [r or "error" for r in state.finish_reasons]
+    text: str | list[str] | None = texts[0] if single and texts is not None else texts
+    rows = range(state.batch_size)
+    record = state.record
+    return GenerationOutput(
+        text,
+        tokens,
+        state.sequences.copy(),
+        reasons,
+        stats,
+        logprobs=[state.logprobs(r) for r in rows] if record.want_logprobs else None,
+        top_logprobs=[state.top_logprobs(r) for r in rows] if record.top else None,
+        scores=list(record.scores) if record.want_scores else None,
+        logits=list(record.logits) if record.want_logits else None,
+    )
+
+
+def _search_output(
+    state: Generation, results: tuple[list[list[int]], list[float]], single: bool
+) -> GenerationOutput:
+    """What a search strategy (beam search) chose: its sequences, decoded. Sequences
+    come item by item, ``len(tokens) // prompts`` per prompt, best first."""
+    tokens, scores = results
+    search = state.chain.search
+    assert search is not None, "search results come from a search strategy"
+    found = {key: getattr(search, key, default) for key, default in SEARCH_DEFAULTS.items()}
+    rows_per_prompt = int(found["num_beams"])
+    prompts = state.batch_size // rows_per_prompt
+    per_prompt = max(1, len(tokens) // prompts)
+    eos = {int(t) for t in found["eos"]}
+    width = state.prompt_length + max((len(t) for t in tokens), default=0)
+    sequences = np.full((len(tokens), width), state.pad_token_id, dtype=np.int64)
+    for i, row in enumerate(tokens):
+        prompt_row = min((i // per_prompt) * rows_per_prompt, state.batch_size - 1)
+        sequences[i, : state.prompt_length] = state.ids[prompt_row, : state.prompt_length]
+        sequences[i, state.prompt_length : state.prompt_length + len(row)] = row
+    reasons = ["eos" if row and row[-1] in eos else "length" for row in tokens]
+    texts = None
+    if state.tokenizer is not None:  # the greedy path's text: cut before a stop string
+        texts = []
+        for i, row in enumerate(tokens):
+            row_text = RowText(state.tokenizer, state.chain.stop_strings)
+            for token in row:
+                row_text.push(token)
+            texts.append(row_text.close())
+            if row_text.stopped:
+                reasons[i] = "stop_string"
+    text: str | list[str] | None = texts[0] if single and texts is not None else texts
+    record = state.record
+    return GenerationOutput(
+        text,
+        tokens,
+        sequences,
+        reasons,
+        logprobs=found["sequence_logprobs"],
+        top_logprobs=found["sequence_top_logprobs"],
+        scores=list(record.scores) if record.want_scores else None,
+        logits=list(record.logits) if record.want_logits else None,
+        sequence_scores=scores,
+    )
+
+
+def with_calls(out: GenerationOutput, plan: ToolPlan) -> None:
+    """Read each row's tool calls out of its text: ``text`` becomes the content, the
+    calls go to ``tool_calls`` and a row that made calls finishes with "tool_calls"."""
+    single = isinstance(out.text, str)
+    texts: list[str] = [out.text] if isinstance(out.text, str) else list(out.text or [])
+    contents, calls = [], []
+    for row, text in enumerate(texts):
+        content, row_calls = read_tool_calls(text, plan)
+        contents.append(content or "")
+        calls.append(row_calls)
+        if row_calls:
+            out.finish_reasons[row] = "tool_calls"
+    out.text = contents[0] if single else contents
+    out.tool_calls = calls[0] if single else calls
+    out.parsed = out.parse_errors = None  # the JSON was the calls' envelope, not an answer
