@@ -394,7 +394,7 @@ class TextGenerator:
             vocab_size=self.model.signature.vocab_size,
             eos_token_ids=config.eos_token_ids,
             pad_token_id=config.padding_id,
-            max_length=self._max_length(config, prompt_length),
+            max_length=self.max_length(config, prompt_length),
             signature=self.model.signature,
             seed=config.seed,
             tokenizer=self.tokenizer,
@@ -403,7 +403,13 @@ class TextGenerator:
             model_state=self.model_state,
         )
 
-    def _max_length(self, config: config_mod.GenerationConfig, prompt_length: int) -> int:
+    def max_length(self, config: config_mod.GenerationConfig, prompt_length: int) -> int:
+        """The one context-length rule, for the library and the server alike: a request
+        may ask for more tokens than the model's context holds, and then ends at the
+        context with finish reason "length" (clipped, as llama.cpp does; nothing already
+        generated is lost). A prompt that alone fills the context is refused
+        (``PromptEncoder.check_ids``), and so is a ``max_length`` that leaves no room
+        after the prompt. A cache that keeps positions within a window lifts the limit."""
         if config.max_new_tokens is not None:
             max_length = prompt_length + config.max_new_tokens
         else:

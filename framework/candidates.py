@@ -18,6 +18,18 @@ import numpy as np
 _NEG_INF = np.float32(-np.inf)
 
 
+def best_first(values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` largest of each row of (R, V) ``values``, best first, ties by lower index
+    (as torch.topk gives on CPU in practice, and as OpenAI's top_logprobs list them):
+    (indices (R, k), values (R, k)). The one ordering every "top k" list of ortgen uses
+    (recorded top logprobs, beam search's candidates and alternatives)."""
+    k = min(k, values.shape[1])
+    part = np.argpartition(-values, k - 1, axis=1)[:, :k]
+    picked = np.take_along_axis(values, part, axis=1)
+    order = np.lexsort((part, -picked), axis=1)
+    return np.take_along_axis(part, order, axis=1), np.take_along_axis(picked, order, axis=1)
+
+
 def neg_inf_array(shape: tuple[int, ...]) -> np.ndarray:
     """A new float32 array of ``-inf``.
 

@@ -29,6 +29,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from ortgen import ConfigError, GenerationContext, hookimpl
+from ortgen.candidates import best_first
+from ortgen.text.stop_strings import StopStringMatcher
 
 _NEG = np.float32(-1.0e9)
 
@@ -80,12 +82,13 @@ class BeamSearch:
         self.do_sample = bool(do_sample)
         self.eos = np.asarray(ctx.eos_token_ids, dtype=np.int64)
         self.stop_strings = tuple(stop_strings)
+        self._stops = StopStringMatcher(self.stop_strings)  # the rule RowText follows too
         if self.stop_strings and ctx.tokenizer is None:
             raise ConfigError("beam_search: stop_strings need the model's tokenizer")
         self._tokenizer = ctx.tokenizer
         # tokens enough to hold a stop string that ends in the last one (tokens of at
         # least one character), and one more for a character split across two tokens
-        self._stop_window = max(map(len, self.stop_strings), default=0) + 2
+        self._stop_window = self._stops.max_length + 2
         self.prompt_length = ctx.prompt_length
         self.max_length = ctx.max_length
         self.items = ctx.batch_size // num_beams
@@ -175,10 +178,7 @@ class BeamSearch:
                 start = len(before)
                 while start and not text.startswith(before[:start]):
                     start -= 1
-                hits[item, j] = any(
-                    text.find(stop, max(0, start - len(stop) + 1)) >= 0
-                    for stop in self.stop_strings
-                )
+                hits[item, j] = self._stops.completed_at(text, start)
         return hits
 
     def _candidate_trails(
@@ -195,11 +195,9 @@ class BeamSearch:
         new = {"lp": step_lp[rows, top_beams, top_ids]}
         if self.top:
             flat = step_lp.reshape(items * beams, -1)
-            best = np.argpartition(-flat, self.top - 1, axis=1)[:, : self.top]
-            values = np.take_along_axis(flat, best, axis=1)
-            order = np.lexsort((best, -values), axis=1)
-            alt_ids = np.take_along_axis(best, order, axis=1).reshape(items, beams, self.top)
-            alt_lp = np.take_along_axis(values, order, axis=1).reshape(items, beams, self.top)
+            best, values = best_first(flat, self.top)
+            alt_ids = best.reshape(items, beams, self.top)
+            alt_lp = values.reshape(items, beams, self.top)
             new["top_ids"] = _take_beams(alt_ids, top_beams)
             new["top_lp"] = _take_beams(alt_lp, top_beams)
         return {
@@ -319,8 +317,4 @@ def _take_beams(array: np.ndarray, index: np.ndarray) -> np.ndarray:
 def _top_indices(values: np.ndarray, k: int) -> np.ndarray:
     """Indices of the ``k`` largest values per row, best first (ties: lower index
     first, as torch.topk gives on CPU in practice)."""
-    k = min(k, values.shape[1])
-    part = np.argpartition(-values, k - 1, axis=1)[:, :k]
-    picked = np.take_along_axis(values, part, axis=1)
-    order = np.lexsort((part, -picked), axis=1)
-    return np.take_along_axis(part, order, axis=1)
+    return best_first(values, k)[0]

@@ -152,8 +152,8 @@ def test_bad_requests_fail_at_submit(fused_chat) -> None:
             engine.submit([1, 2, 3], {"num_beams": 2})
         with pytest.raises(ortgen.InputError, match="manages the KV cache"):
             engine.submit([1, 2, 3], {"cache": "prefix"})
-        with pytest.raises(ortgen.InputError, match="exceeds the model's context"):
-            engine.submit([1, 2, 3], {"max_new_tokens": 10_000})
+        with pytest.raises(ortgen.InputError, match="leaves no room"):
+            engine.submit([1, 2, 3], {"max_length": 2, "max_new_tokens": None})
         with pytest.raises(QueueFull):
             engine.submit([1, 2, 3], {"max_new_tokens": 2})
 
@@ -202,3 +202,22 @@ def test_rows_with_the_same_prompt_share_one_prefill(fused_chat) -> None:
         assert [p.token for p in pieces] == alone.tokens[0], settings
     assert len({tuple(p.token for p in pieces) for _h, pieces in results[:4]}) > 1  # own seeds
     assert engine.stats.shared_prefills == 4
+
+
+def test_a_row_asking_past_the_context_ends_there_as_generate_does(tiny_llama_gen) -> None:
+    """One context-length rule for the library and the server: clipped, reason "length"."""
+    gen = tiny_llama_gen
+    context = gen.model.max_context
+    prompt = [1] * (context - 3)
+    settings = {"max_new_tokens": 50, "eos_token_id": None}
+    alone = gen.generate([prompt], **settings)
+    assert len(alone.tokens[0]) == 3 and alone.finish_reasons == ["length"]
+    with running_engine(gen, max_batch=2) as engine:
+
+        async def main():
+            handle = engine.submit(prompt, settings)
+            return [piece async for piece in handle.pieces()]
+
+        pieces = asyncio.run(main())
+    assert [p.token for p in pieces] == alone.tokens[0]
+    assert pieces[-1].finish_reason == "length"

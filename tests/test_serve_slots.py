@@ -238,3 +238,37 @@ def test_chats_sharing_the_system_prompt_equal_each_alone_on_the_default_model(
         got = _at_once(engine, jobs)
     assert got == alone
     assert engine.stats.reused_prompt_tokens >= 3 * header
+
+
+# -- a third-party slot cache --------------------------------------------------------------
+
+
+def test_a_third_party_slot_cache_serves_concurrent_requests(tiny_model_dirs) -> None:
+    """A cache plugin written against the public contract alone (tests/third_party_slots.py)
+    runs the server's continuous batch: rows join and leave through its add_rows/keep_rows,
+    and each request equals itself alone."""
+    from tests import third_party_slots
+
+    gen = ortgen.load(tiny_model_dirs["llama"][1], threads=1, plugins=[third_party_slots])
+    rng = np.random.default_rng(3)
+    jobs = []
+    for i in range(5):  # different lengths, some sampled: rows join and leave at different steps
+        prompt = rng.integers(3, 200, size=4 + 3 * i).tolist()
+        settings: dict = {"max_new_tokens": 4 + 2 * i, "eos_token_id": None}
+        if i % 2:
+            settings.update(do_sample=True, temperature=0.8, top_k=20, seed=7 + i)
+        jobs.append((prompt, settings))
+    third_party_slots.CALLS.clear()
+    with running_engine(gen, max_batch=3, cache=("my_slots", {})) as engine:
+        got = _at_once(engine, jobs)
+    for (prompt, settings), tokens in zip(jobs, got, strict=True):
+        assert tokens == gen.generate([prompt], **settings).tokens[0], settings
+    assert third_party_slots.CALLS["add_rows"] >= 5  # every row joined through it
+    assert third_party_slots.CALLS["keep_rows"] >= 1  # rows left through it
+    assert engine.stats.peak_batch_size >= 2  # they were served together
+
+
+def test_a_cache_without_row_slots_is_refused_when_the_server_starts(tiny_llama_gen) -> None:
+    engine = Engine(tiny_llama_gen, cache=("dynamic", {}))
+    with pytest.raises(ortgen.InputError, match=r"'dynamic'.*RowSlots"):
+        engine.start()

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..candidates import best_first
+
 
 class StepRecord:
     """Per-position log-probabilities and per-step scores of one request.
@@ -95,11 +97,9 @@ class StepRecord:
         self._chosen[rows, position] = logprobs[np.arange(len(rows)), ids]
         top = int(self.tops[rows].max())
         if top:
-            best = np.argpartition(-logprobs, top - 1, axis=1)[:, :top]
-            values = np.take_along_axis(logprobs, best, axis=1)
-            order = np.lexsort((best, -values), axis=1)  # best first; ties by token id
-            self._top_ids[rows, position, :top] = np.take_along_axis(best, order, axis=1)
-            self._top_values[rows, position, :top] = np.take_along_axis(values, order, axis=1)
+            ids, values = best_first(logprobs, top)
+            self._top_ids[rows, position, :top] = ids
+            self._top_values[rows, position, :top] = values
 
     def forget_steps(self, count: int) -> None:
         """Drop the last ``count`` steps' scores/logits (a rewind)."""

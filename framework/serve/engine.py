@@ -131,10 +131,14 @@ class Engine:
         max_batch: int = 8,
         max_queue: int = 64,
         share_prefixes: bool = True,
+        cache: tuple[str, dict[str, Any]] | None = None,
     ) -> None:
         if max_batch < 1 or max_queue < 0:
             raise ValueError("max_batch must be at least 1 and max_queue at least 0")
         self.gen = gen
+        #: (name, params) of the KV cache plugin every row shares; None: the built-in
+        #: one for the graph. It must have the RowSlots capability (checked at start).
+        self.cache = cache
         self.max_batch = max_batch
         self.max_queue = max_queue
         #: whether a row starts from a prompt prefix a slot holds (``ortgen.plugins.kv_slots``)
@@ -151,6 +155,7 @@ class Engine:
     # -- the HTTP side -------------------------------------------------------------
 
     def start(self) -> None:
+        self._open_batch()  # a cache that cannot serve fails here, before any request
         self._thread.start()
 
     def check(self, prompt: list[int], settings: dict[str, Any]) -> GenerationConfig:
@@ -164,13 +169,7 @@ class Engine:
                 "the server runs one sequence per row: num_beams and "
                 "num_return_sequences must be 1 (ask for n choices instead)"
             )
-        context = self.gen.model.max_context
-        wanted = len(prompt) + (config.max_new_tokens or 0)
-        if context is not None and wanted > context:
-            raise InputError(
-                f"the prompt ({len(prompt)} tokens) plus max_tokens ({config.max_new_tokens}) "
-                f"exceeds the model's context of {context} tokens"
-            )
+        self.gen.max_length(config, len(prompt))  # the library's rule: clipped at the context
         return config
 
     def check_components(self, prompt: list[int], config: GenerationConfig) -> Chain:
@@ -333,10 +332,13 @@ class Engine:
         if self._batch is None:
             gen = self.gen
             ctx = gen.context([[0]], gen.resolve_config({}).config)
-            if gen.model.signature.shared_kv:
-                ctx = dataclasses.replace(ctx, batch_size=self.max_batch, max_length=SLOT_POSITIONS)
+            ctx = dataclasses.replace(ctx, batch_size=self.max_batch, max_length=SLOT_POSITIONS)
+            params: dict[str, Any]
+            if self.cache is not None:
+                name, params = self.cache
+            elif gen.model.signature.shared_kv:
                 name = "slots"
-                params: dict[str, Any] = {"capacity": SLOT_POSITIONS, "share": self.share_prefixes}
+                params = {"capacity": SLOT_POSITIONS, "share": self.share_prefixes}
             else:
                 name, params = "concat_slots", {}
             cache = gen.registry.create("kv_cache", name, params, ctx)

@@ -67,6 +67,12 @@ class StopStringMatcher:
         hits = [i for s in self._stops if (i := text.find(s, begin)) >= 0]
         return min(hits, default=None)
 
+    def completed_at(self, text: str, start: int) -> bool:
+        """True when a stop string in ``text`` ends after index ``start``: the text from
+        ``start`` on (a newest token's) completed it. Beam search asks this of every
+        candidate; stop strings that ended earlier do not count."""
+        return any(text.find(s, max(0, start - len(s) + 1)) >= 0 for s in self._stops)
+
     def match(self, text: str, start: int = 0) -> tuple[int, str] | None:
         """Like :meth:`find`, with the stop string that matched (the longest at that index)."""
         at = self.find(text, start)
