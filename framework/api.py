@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pluggy
 
 from . import config as config_mod
 from . import prompts as prompts_mod
@@ -26,6 +27,7 @@ from .pipeline import Pipeline, load_pipeline
 from .plugin_manager import build_registry, make_plugin_manager
 from .prompts import PromptEncoder
 from .protocols import GenerationContext
+from .registry import Registry
 from .structured_output import response_format_settings
 from .structured_settings import CONSTRAINT_FIELDS
 from .text import Tokenizer, load_tokenizer
@@ -59,6 +61,7 @@ class TextGenerator:
         plugins: Iterable[object] = (),
         disable_plugins: Iterable[str] = (),
         pipeline: Pipeline | None = None,
+        plugin_manager: pluggy.PluginManager | None = None,
     ) -> None:
         self.path = Path(path)
         self.pipeline = pipeline  # its settings are the pipeline layer of every call
@@ -66,7 +69,10 @@ class TextGenerator:
         # again, and before the session loads that peak stays below the final RSS
         self.tokenizer: Tokenizer | None = load_tokenizer(self.path)
         self.model = ExportedModel(self.path, threads=threads, spinning=spinning, spin_us=spin_us)
-        self.plugin_manager = make_plugin_manager(disable=disable_plugins, extra=plugins)
+        #: ``load()`` passes the manager it checked the pipeline with: one per generator
+        self.plugin_manager = plugin_manager or make_plugin_manager(
+            disable=disable_plugins, extra=plugins
+        )
         self.registry = build_registry(self.plugin_manager)
         #: state cache backends keep across requests of this model (see GenerationContext)
         self.model_state: dict[str, Any] = {}
@@ -290,7 +296,7 @@ class TextGenerator:
         if pipeline is None:
             return self.pipeline.settings if self.pipeline is not None else {}
         if isinstance(pipeline, str | Path):
-            return load_pipeline(pipeline).settings
+            return load_pipeline(pipeline, registry=self.registry).settings
         return pipeline
 
     def _need_tokenizer(self, what: str) -> Tokenizer:
@@ -455,8 +461,16 @@ def load(
     10; 0: never spin), or, with
     ``spinning=True``, as long as onnxruntime's own policy says (fastest on an idle
     machine, half speed on a busy one)."""
-    if isinstance(pipeline, str | Path):
-        pipeline = load_pipeline(pipeline)
+    plugins = list(plugins)
+    managers: list[pluggy.PluginManager] = []
+
+    def registry_for(disabled_by_file: tuple[str, ...]) -> Registry:
+        manager = make_plugin_manager(disable=[*disable_plugins, *disabled_by_file], extra=plugins)
+        managers.append(manager)
+        return build_registry(manager)
+
+    if isinstance(pipeline, str | Path):  # its components checked against this generator's
+        pipeline = load_pipeline(pipeline, registry=registry_for)
     if path is None and pipeline is not None:
         path = pipeline.model_path()
     if path is None:
@@ -472,4 +486,5 @@ def load(
         plugins=plugins,
         disable_plugins=disabled,
         pipeline=pipeline,
+        plugin_manager=managers[0] if managers else None,
     )

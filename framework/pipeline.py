@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import json
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,7 @@ from typing import Any
 from .config import FIELDS, IGNORED_HF_FIELDS, UNSUPPORTED_HF_FIELDS, resolve
 from .constraint_check import check_constraint
 from .errors import ConfigError
-from .registry import did_you_mean
+from .registry import Registry, did_you_mean
 from .structured_settings import CONSTRAINT_FIELDS, constraint
 
 __all__ = ["Pipeline", "RunOptions", "load_pipeline"]
@@ -108,9 +108,21 @@ class Pipeline:
         return beside if beside.exists() else candidate
 
 
-def load_pipeline(source: str | Path | Mapping[str, Any]) -> Pipeline:
+#: what a pipeline's components are checked against: a registry, or a function that
+#: makes one from the file's ``[plugins] disable`` list (``load()``: the generator's own)
+RegistryArg = Registry | Callable[[tuple[str, ...]], Registry] | None
+
+
+def load_pipeline(
+    source: str | Path | Mapping[str, Any], *, registry: RegistryArg = None
+) -> Pipeline:
     """Read and check a pipeline file (or an already parsed mapping); one ConfigError
-    lists every problem with its location."""
+    lists every problem with its location.
+
+    Named components are checked against ``registry`` — a generator's own, which knows
+    its in-process plugins (``load(pipeline=..., plugins=[...])`` passes a function that
+    builds it from the file's ``disable`` list) — or, when None, against the built-ins
+    and installed plugins less that list."""
     path: Path | None = None
     if isinstance(source, Mapping):
         data: Mapping[str, Any] = source
@@ -129,7 +141,7 @@ def load_pipeline(source: str | Path | Mapping[str, Any]) -> Pipeline:
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: TOML syntax error: {exc}") from None
     problems: list[str] = []
-    pipeline = _check(data, path, problems)
+    pipeline = _check(data, path, problems, registry)
     if problems:
         head = f"invalid pipeline {where}"
         if len(problems) == 1:
@@ -138,7 +150,9 @@ def load_pipeline(source: str | Path | Mapping[str, Any]) -> Pipeline:
     return pipeline
 
 
-def _check(data: Mapping[str, Any], path: Path | None, problems: list[str]) -> Pipeline:
+def _check(
+    data: Mapping[str, Any], path: Path | None, problems: list[str], registry: RegistryArg
+) -> Pipeline:
     for key in data:
         if key not in _TOP_LEVEL:
             hint = did_you_mean(key, list(_TOP_LEVEL))
@@ -166,7 +180,7 @@ def _check(data: Mapping[str, Any], path: Path | None, problems: list[str]) -> P
         else:
             problems.extend(_constraint_problems(config, output))
     if not problems:
-        _check_components(settings, disable, problems)
+        _check_components(settings, disable, problems, registry)
     return Pipeline(path, model, settings, disable, run, output)
 
 
@@ -355,16 +369,26 @@ def _relocate(message: str, output: Mapping[str, Any]) -> list[str]:
 
 
 def _check_components(
-    settings: Mapping[str, Any], disable: tuple[str, ...], problems: list[str]
+    settings: Mapping[str, Any],
+    disable: tuple[str, ...],
+    problems: list[str],
+    registry: RegistryArg,
 ) -> None:
     """Each named component exists among the registered plugins and takes its parameters."""
-    from .plugin_manager import build_registry, make_plugin_manager
+    if callable(registry) and not isinstance(registry, Registry):
+        try:
+            registry = registry(disable)
+        except Exception as exc:  # a broken plugin: say so, with the rest
+            problems.append(f"plugins could not be loaded: {exc}")
+            return
+    if registry is None:
+        from .plugin_manager import build_registry, make_plugin_manager
 
-    try:
-        registry = build_registry(make_plugin_manager(disable=disable))
-    except Exception as exc:  # a broken plugin: say so, with the rest
-        problems.append(f"plugins could not be loaded: {exc}")
-        return
+        try:
+            registry = build_registry(make_plugin_manager(disable=disable))
+        except Exception as exc:  # a broken plugin: say so, with the rest
+            problems.append(f"plugins could not be loaded: {exc}")
+            return
     for key, (kind, many) in _COMPONENTS.items():
         if key not in settings:
             continue

@@ -719,8 +719,6 @@ def test_bad_messages(pairs, messages, pattern):
 @pytest.mark.parametrize(
     ("name", "messages", "hint"),
     [
-        # A string-only template given content parts: str + list inside the template.
-        ("smollm2", PARTS_CONVERSATIONS[0], r"messages\[0\] has content as a list of parts"),
         # The template's own raise_exception (Llama takes one tool call per turn).
         ("llama32", [USER_ASKS, {"role": "assistant", "tool_calls": [CALL, CALL]}], "single"),
         # Tool calls without content on a template that concatenates content.
@@ -738,3 +736,27 @@ def test_template_crash_is_input_error(pairs, name, messages, hint):
     with pytest.raises(InputError, match=r"chat template of .* (failed on|rejected)") as err:
         tok.apply_chat_template(messages)
     assert re.search(hint, str(err.value))
+
+
+def test_a_string_template_takes_text_parts_joined(pairs):
+    """Text-only parts render as their newline-joined text on a template written for
+    strings (transformers' template crashes on the list); the same text as a string
+    gives the same prompt. A template that loops over parts gets them as they are."""
+    from ortgen.text.content_format import detect_content_format
+
+    tok, hf = pairs["smollm2"]
+    parts = [
+        {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}],
+        },
+    ]
+    strings = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi\nthere"}]
+    want = hf.apply_chat_template(strings, tokenize=False, add_generation_prompt=True)
+    assert tok.apply_chat_template(parts, add_generation_prompt=True) == want
+    with pytest.raises(InputError, match=r"messages\[0\]\.content\[0\] is a 'image' part"):
+        tok.apply_chat_template(PARTS_CONVERSATIONS[0])
+    assert detect_content_format(SMOLLM2_TEMPLATE) == "string"
+    assert detect_content_format(pairs["smolvlm"][0].chat_template) == "openai"
+    assert detect_content_format(pairs["gemma3"][0].chat_template) == "openai"

@@ -154,3 +154,50 @@ def test_cli_takes_a_pipeline_file(tiny_model_dirs, tmp_path, capsys):
     bad = write(tmp_path, "[generation]\ntop_k = -1\n", "bad.toml")
     assert main(["config", "show", "--pipeline", str(bad)]) == 2
     assert "[generation] top_k must be >= 0" in capsys.readouterr().err
+
+
+class _HalveLogits:
+    """An in-process plugin's processor, for a pipeline file that names it."""
+
+    def __init__(self, *, ctx) -> None:
+        self.calls = 0
+
+    def __call__(self, input_ids, scores):
+        self.calls += 1
+        return scores * 0.5
+
+
+class _InProcessPlugin:
+    @ortgen.hookimpl
+    def register_logits_processors(self, register):
+        register("halve_logits", _HalveLogits)
+
+
+def test_a_pipeline_names_an_in_process_plugins_component_with_one_plugin_manager(
+    tmp_path, tiny_llama_gen, monkeypatch
+) -> None:
+    """``load(pipeline=..., plugins=[...])`` checks the file against the generator's own
+    registry (which knows the in-process plugin), built once."""
+    from ortgen import api
+
+    path = write(
+        tmp_path,
+        """
+        [generation]
+        max_new_tokens = 3
+        [[logits_processors]]
+        name = "halve_logits"
+        """,
+    )
+    with pytest.raises(ortgen.ConfigError, match="halve_logits"):  # unknown without it
+        load_pipeline(path)
+    made = []
+    original = api.make_plugin_manager
+    monkeypatch.setattr(
+        api, "make_plugin_manager", lambda **kw: made.append(kw) or original(**kw)
+    )
+    gen = ortgen.load(tiny_llama_gen.path, pipeline=path, plugins=[_InProcessPlugin()], threads=1)
+    assert len(made) == 1
+    out = gen.generate([1, 2, 3], eos_token_id=None)
+    assert len(out.tokens[0]) == 3
+    assert gen.resolve_config({}).config.logits_processors[0]["name"] == "halve_logits"

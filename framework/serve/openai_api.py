@@ -164,8 +164,9 @@ def _is_id(value: Any) -> bool:
 
 def _chat_prompt(body: Mapping[str, Any], gen: TextGenerator) -> tuple[list[int], ToolPlan | None]:
     """The conversation's token ids, and with ``tools`` the plan for calls. Content parts
-    are joined (text models take text: as vLLM, text parts with newlines); ``developer``
-    is OpenAI's new name for ``system``."""
+    go to the chat template, which joins text parts for a template written for strings
+    (``ortgen.text.content_format``, as ``gen.chat()``); ``developer`` is OpenAI's new
+    name for ``system``."""
     messages = body["messages"]
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list of messages", param="messages")
@@ -176,8 +177,6 @@ def _chat_prompt(body: Mapping[str, Any], gen: TextGenerator) -> tuple[list[int]
         message = dict(message)
         if message.get("role") == "developer":
             message["role"] = "system"
-        if isinstance(message.get("content"), list):
-            message["content"] = _join_parts(message["content"], f"messages[{i}].content")
         rendered.append(message)
     tools = body.get("tools")
     plan = None
@@ -207,21 +206,6 @@ def _chat_prompt(body: Mapping[str, Any], gen: TextGenerator) -> tuple[list[int]
     except OrtgenError as exc:
         param = "tools" if str(exc).startswith("tools") else "messages"
         raise RequestError(str(exc), param=param) from None
-
-
-def _join_parts(parts: list[Any], where: str) -> str:
-    texts = []
-    for j, part in enumerate(parts):
-        if not isinstance(part, Mapping) or part.get("type") != "text":
-            kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-            raise RequestError(
-                f"{where}[{j}] is a {kind!r} part; this server's model takes text parts only",
-                param=f"{where}[{j}]",
-            )
-        if not isinstance(part.get("text"), str):
-            raise RequestError(f"{where}[{j}].text must be a string", param=f"{where}[{j}].text")
-        texts.append(part["text"])
-    return "\n".join(texts)
 
 
 def _request(

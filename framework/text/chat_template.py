@@ -23,6 +23,7 @@ from datetime import datetime
 from typing import Any, ClassVar
 
 from ..errors import InputError, ModelLoadError
+from .content_format import ContentFormat, detect_content_format, join_text_parts
 
 __all__ = ["ChatTemplate"]
 
@@ -71,6 +72,8 @@ class ChatTemplate:
         self.source = source
         self._owner = owner
         self._compiled: Any = None
+        #: how the template reads a message's content (``content_format``)
+        self.content_format: ContentFormat = detect_content_format(source)
 
     def render(
         self,
@@ -114,6 +117,8 @@ class ChatTemplate:
         tools = _check_tools(options.pop("tools", None))
         documents = _check_documents(options.pop("documents", None))
         final_text = _mark_final_message(checked) if continue_final else None
+        if self.content_format == "string":  # written for strings: text parts joined
+            checked = join_text_parts(checked)
 
         template = self._compile()
         context: dict[str, Any] = {
