@@ -193,9 +193,7 @@ def test_a_pipeline_names_an_in_process_plugins_component_with_one_plugin_manage
         load_pipeline(path)
     made = []
     original = api.make_plugin_manager
-    monkeypatch.setattr(
-        api, "make_plugin_manager", lambda **kw: made.append(kw) or original(**kw)
-    )
+    monkeypatch.setattr(api, "make_plugin_manager", lambda **kw: made.append(kw) or original(**kw))
     gen = ortgen.load(tiny_llama_gen.path, pipeline=path, plugins=[_InProcessPlugin()], threads=1)
     assert len(made) == 1
     out = gen.generate([1, 2, 3], eos_token_id=None)
