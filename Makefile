@@ -15,9 +15,13 @@ test: default-model
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
 
+# ruff, the type checker ([tool.mypy]: the typed plugin contract and the loop's parts)
+# and the import contract ([tool.importlinter]: the layers point one way).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # `make model` rebuilds the default model whatever state it is in.
 model: $(STAMP)

@@ -35,6 +35,7 @@ from .protocols import (
     SearchStrategy,
     StoppingCriterion,
 )
+from .version import __version__
 
 if TYPE_CHECKING:
     from .api import TextGenerator, load
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
     from .loop.generate import Generation
     from .outputs import GenerationOutput, StreamPiece
 
-__version__ = "0.1.0"
 
 _LAZY = {
     "GenerationOutput": "outputs",
@@ -108,6 +108,7 @@ __all__ = [
     "StoppingCriterion",
     "StreamPiece",
     "TextGenerator",
+    "__version__",
     "generate",
     "hookimpl",
     "load",
