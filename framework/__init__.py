@@ -24,16 +24,22 @@ from .errors import (
 )
 from .hookspecs import hookimpl
 from .protocols import (
+    FeedsMask,
     FollowsTokens,
     ForcesTokens,
+    ForksCache,
     GenerationContext,
     KVCache,
     LogitsProcessor,
+    OwnsPresents,
     Reseedable,
+    ReusesPrefixes,
     RowSlots,
     Sampler,
     SearchStrategy,
+    SelectsRow,
     StoppingCriterion,
+    WorksOnCandidates,
 )
 from .version import __version__
 
@@ -85,12 +91,15 @@ def stream(prompt: Any, **settings: Any) -> Iterator[str]:
 
 
 __all__ = [
+    "__version__",
     "Candidates",
     "ComponentError",
     "ConfigError",
     "ExportError",
+    "FeedsMask",
     "FollowsTokens",
     "ForcesTokens",
+    "ForksCache",
     "Generation",
     "GenerationConfig",
     "GenerationContext",
@@ -100,15 +109,18 @@ __all__ = [
     "LogitsProcessor",
     "ModelLoadError",
     "OrtgenError",
+    "OwnsPresents",
     "PluginError",
     "Reseedable",
+    "ReusesPrefixes",
     "RowSlots",
     "Sampler",
     "SearchStrategy",
+    "SelectsRow",
     "StoppingCriterion",
     "StreamPiece",
     "TextGenerator",
-    "__version__",
+    "WorksOnCandidates",
     "generate",
     "hookimpl",
     "load",

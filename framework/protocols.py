@@ -33,9 +33,27 @@ class Sampler(Protocol):
 
 @runtime_checkable
 class StoppingCriterion(Protocol):
-    """``(input_ids (B,T), scores (B,V)) -> (B,) bool``; True = that row is finished."""
+    """``(input_ids (B,T), scores (B,V)) -> (B,) bool``; True = that row is finished.
+
+    Optional attributes: ``finish_reason`` (str; default the name it is registered
+    under) is the reason a row it ends finishes with; ``uses_scores = False`` says it
+    never reads ``scores``, which it then receives as None when the step's scores are
+    sparse (the loop skips making them dense for it).
+    """
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray: ...
+
+
+@runtime_checkable
+class WorksOnCandidates(Protocol):
+    """Optional capability of a processor or sampler: ``sparse(input_ids, scores)``
+    works on :class:`~ortgen.candidates.Candidates` (the few tokens a truncation such as
+    top-k left) instead of the whole vocabulary. A processor returns Candidates (or
+    None to decline: it then gets dense scores); a sampler returns next ids. The loop
+    calls it whenever the scores it holds are sparse; it must give what ``__call__``
+    would on the dense scores."""
+
+    def sparse(self, input_ids: np.ndarray, scores: Any) -> Any: ...
 
 
 @runtime_checkable
@@ -132,9 +150,12 @@ class KVCache(Protocol):
     ``inputs()`` gives the past feeds by graph input name; ``update(presents)``
     takes the graph's present outputs (same order as ``GraphSignature.past_inputs``)
     after a forward; ``reorder(rows)`` keeps/duplicates batch rows (beam search);
-    ``crop(length)`` forgets positions past ``length`` (rewind). Optional methods the
-    loop asks for when present (``outputs``, ``select``, ``feed_mask``, ``reuse``,
-    ``remember``, ``fork``...) are listed in the plugin guide (docs/plugins.md).
+    ``crop(length)`` forgets positions past ``length`` (rewind). The optional
+    capabilities the loop uses when a cache has them are the protocols below
+    (:class:`ForksCache`, :class:`SelectsRow`, :class:`OwnsPresents`, :class:`FeedsMask`,
+    :class:`ReusesPrefixes`, :class:`RowSlots`), and two optional attributes:
+    ``signature`` (the ``GraphSignature`` its keys/values belong to: a cache made for
+    another graph is refused) and ``max_feed`` (the most positions one forward may feed).
     """
 
     def inputs(self) -> dict[str, Any]: ...
@@ -150,6 +171,51 @@ class KVCache(Protocol):
 
     @property
     def nbytes(self) -> int: ...
+
+
+@runtime_checkable
+class ForksCache(Protocol):
+    """``fork()``: an independent copy holding the same positions (``Generation.fork``)."""
+
+    def fork(self) -> KVCache: ...
+
+
+@runtime_checkable
+class SelectsRow(Protocol):
+    """``select(row)``: until ``select(None)``, ``inputs()``/``update()`` (and ``outputs()``)
+    cover ``row`` alone, from its own first position: rows of different lengths are
+    prefilled one by one on a shared-buffer graph, and a row joining an open batch alone."""
+
+    def select(self, row: int | None) -> None: ...
+
+
+@runtime_checkable
+class OwnsPresents(Protocol):
+    """``outputs(total)``: the buffers the graph writes its presents into, for a forward
+    whose keys/values span ``total`` positions (a preallocated cache binds them, so
+    nothing is copied); ``update()`` then receives those same buffers."""
+
+    def outputs(self, total: int) -> list[Any]: ...
+
+
+@runtime_checkable
+class FeedsMask(Protocol):
+    """``feed_mask(mask, new)``: the attention mask the graph is fed, from the loop's
+    (B, positions) mask and the ``new`` positions of this forward (a window or attention
+    sinks keep fewer positions than the loop has seen)."""
+
+    def feed_mask(self, mask: np.ndarray, new: int) -> np.ndarray: ...
+
+
+@runtime_checkable
+class ReusesPrefixes(Protocol):
+    """Keys/values kept across requests of one model: ``reuse(prompts)`` loads the
+    longest prefix of each prompt it holds and returns those lengths (the loop feeds the
+    rest); ``remember(rows)`` is told each row's tokens when a request ends."""
+
+    def reuse(self, prompts: list[list[int]]) -> list[int]: ...
+
+    def remember(self, rows: list[list[int]]) -> None: ...
 
 
 @runtime_checkable

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Self
 import numpy as np
 
 from ..errors import ComponentError, InputError
-from ..protocols import Reseedable
+from ..protocols import ForksCache, Reseedable
 from .chain import Chain
 from .step_fields import StepFields
 from .step_record import StepRecord
@@ -40,7 +40,7 @@ class Continuing(StepFields):
         picks what the original would; ``seed`` reseeds the fork's samplers instead
         (those with a ``reseed(seed)`` method, like ``multinomial``).
         """
-        if not hasattr(self.chain.cache, "fork"):
+        if not isinstance(self.chain.cache, ForksCache):
             raise InputError(
                 f"kv cache {self.chain.cache_name!r} cannot be forked: it has no fork() method"
             )

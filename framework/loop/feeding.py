@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import ComponentError, InputError
 from ..model import ExportedModel
+from ..protocols import ReusesPrefixes, SelectsRow
 from .chain import Chain
 from .step_fields import StepFields
 
@@ -46,7 +47,7 @@ class Feeding(StepFields):
         """Ask a cache that keeps keys/values across requests how much of each prompt it
         holds already (``reuse(prompts)``, at most all but the last token of each row)."""
         held = np.zeros(len(prompts), dtype=np.int64)
-        if not hasattr(self.chain.cache, "reuse"):
+        if not isinstance(self.chain.cache, ReusesPrefixes):
             return held
         counts = self._cache_call("reuse", prompts)
         if len(counts) != len(prompts) or any(
@@ -114,7 +115,7 @@ class Feeding(StepFields):
         if not self.model.signature.shared_kv:
             return False
         several = self.batch_size > 1 and start > 0 and end - start > 1
-        if several and not hasattr(self.chain.cache, "select"):  # packed: checked at start
+        if several and not isinstance(self.chain.cache, SelectsRow):  # packed: checked at start
             raise InputError(
                 f"kv cache {self.chain.cache_name!r} cannot feed a batch row by row, which "
                 f"this graph ({self.model.path}) needs for {end - start} tokens per row on top "

@@ -27,6 +27,7 @@ from ..candidates import Candidates
 from ..errors import ComponentError, InputError
 from ..exclusive import Exclusive
 from ..model import ExportedModel
+from ..protocols import FeedsMask, OwnsPresents, ReusesPrefixes, SelectsRow
 from ..text import RowText, Tokenizer
 from . import scoring
 from .admission import Admission
@@ -73,7 +74,7 @@ class Generation(Feeding, Following, Picking, Continuing, Admission):
             self.fed = self._first_unfed()
         #: real prompt tokens fed by the prefill (reused ones excluded)
         self.prefill_tokens = int((self.prompt_length - starts).sum())
-        if self._packed_prefill and not hasattr(chain.cache, "select"):
+        if self._packed_prefill and not isinstance(chain.cache, SelectsRow):
             raise InputError(
                 f"kv cache {chain.cache_name!r} cannot hold prompts of different lengths for "
                 f"this graph ({model.path}: each row's keys/values start at position 0); "
@@ -111,8 +112,8 @@ class Generation(Feeding, Following, Picking, Continuing, Admission):
         self._solo: set[int] = set()  # ids of chains that see their one row without padding
         self._open = False  # rows join and leave (``admission.py``): the server's batch
         self._check_cache_signature(chain, model)
-        self._cache_outputs = hasattr(chain.cache, "outputs")  # the cache owns the presents
-        self._cache_feeds_mask = hasattr(chain.cache, "feed_mask")  # a window, a sink
+        self._cache_outputs = isinstance(chain.cache, OwnsPresents)
+        self._cache_feeds_mask = isinstance(chain.cache, FeedsMask)  # a window, a sink
 
     # -- what a caller reads -----------------------------------------------------------
 
@@ -238,7 +239,7 @@ class Generation(Feeding, Following, Picking, Continuing, Admission):
         self.steps += 1
         self._take_forced(forced, failed)
         self._prepare_next(failed)
-        if self.is_done and hasattr(self.chain.cache, "remember"):
+        if self.is_done and isinstance(self.chain.cache, ReusesPrefixes):
             self._cache_call("remember", self._held_rows())
         if failed and not self._open:
             raise failed[0]
