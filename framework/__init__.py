@@ -91,7 +91,6 @@ def stream(prompt: Any, **settings: Any) -> Iterator[str]:
 
 
 __all__ = [
-    "__version__",
     "Candidates",
     "ComponentError",
     "ConfigError",
@@ -121,6 +120,7 @@ __all__ = [
     "StreamPiece",
     "TextGenerator",
     "WorksOnCandidates",
+    "__version__",
     "generate",
     "hookimpl",
     "load",
