@@ -138,7 +138,7 @@ class TextGenerator:
         except ComponentError as exc:
             for row in np.flatnonzero(state.unfinished).tolist():
                 state.finish(row, "error")  # keeps what the row produced, text included
-            exc.partial = output_of(state, single, stats)  # type: ignore[attr-defined]
+            exc.partial = output_of(state, single, stats)
             raise
         stats["total_s"] = time.perf_counter() - started
         return output_of(state, single, stats)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class OrtgenError(Exception):
     """Base class of every error ortgen raises on purpose."""
@@ -33,3 +35,7 @@ class ComponentError(OrtgenError):
     The message names the component and the decoding step; the request that hit it
     fails, other requests are unaffected.
     """
+
+    #: what the request had produced when it failed (a ``GenerationOutput`` whose
+    #: unfinished rows end with "error"), set by ``generate()``: nothing is lost
+    partial: Any = None

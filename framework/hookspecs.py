@@ -14,6 +14,8 @@ unless the later one passes ``replace=True``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pluggy
 
 PROJECT_NAME = "ortgen"
@@ -21,9 +23,12 @@ PROJECT_NAME = "ortgen"
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
+#: ``register(name, factory, *, replace=False)``
+Register = Callable[..., None]
+
 
 @hookspec
-def register_logits_processors(register):  # type: ignore[no-untyped-def]
+def register_logits_processors(register: Register) -> None:
     """Register logits-processor factories.
 
     A processor is called as ``processor(input_ids, scores) -> scores`` with
@@ -34,7 +39,7 @@ def register_logits_processors(register):  # type: ignore[no-untyped-def]
 
 
 @hookspec
-def register_samplers(register):  # type: ignore[no-untyped-def]
+def register_samplers(register: Register) -> None:
     """Register sampler factories.
 
     A sampler is called as ``sampler(input_ids, scores) -> next_ids`` and returns
@@ -44,7 +49,7 @@ def register_samplers(register):  # type: ignore[no-untyped-def]
 
 
 @hookspec
-def register_stopping_criteria(register):  # type: ignore[no-untyped-def]
+def register_stopping_criteria(register: Register) -> None:
     """Register stopping-criterion factories.
 
     A criterion is called as ``criterion(input_ids, scores) -> done`` after the
@@ -55,5 +60,5 @@ def register_stopping_criteria(register):  # type: ignore[no-untyped-def]
 
 
 @hookspec
-def register_kv_caches(register):  # type: ignore[no-untyped-def]
+def register_kv_caches(register: Register) -> None:
     """Register KV-cache backend factories (see :class:`ortgen.KVCache`)."""

@@ -119,6 +119,22 @@ def test_a_failing_component_fails_only_its_request(fused_chat) -> None:
     assert engine.stats.failed == 1 and engine.stats.finished == 4
 
 
+@pytest.mark.parametrize("graph", ["fused_chat", "optimum_chat"])
+def test_a_request_after_one_that_failed_alone_runs_as_alone(graph, request) -> None:
+    """A lone row that fails leaves a step that appended nothing; the next row to join
+    still gets a column of its own (it used to be fed nothing: a GQA graph refused)."""
+    gen = request.getfixturevalue(graph)
+    prompt, settings = _requests(gen, 1)[0]
+    settings = {**settings, "max_new_tokens": 8}
+    boom = {**settings, "logits_processors": [{"name": "explodes"}]}
+    with running_engine(gen, max_batch=4) as engine:
+        failed = _run(engine, [(prompt, boom)])
+        after = _run(engine, [(prompt, settings)])
+    assert failed[0][1][-1].finish_reason == "error"
+    assert [p.token for p in after[0][1]] == gen.generate([prompt], **settings).tokens[0]
+    assert engine.stats.failed == 1 and engine.stats.finished == 1
+
+
 def test_a_cancelled_request_leaves_and_the_others_go_on(fused_chat) -> None:
     gen = fused_chat
     prompt = gen.tokenizer.encode("cancel me")

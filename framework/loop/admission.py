@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Self
 
 import numpy as np
 
@@ -34,9 +34,6 @@ from .chain import Chain
 from .rows import RowState, one_row
 from .step_fields import StepFields
 from .step_record import StepRecord
-
-if TYPE_CHECKING:
-    from .generate import Generation
 
 #: columns an open batch starts with (grown by doubling as rows need)
 _START_COLUMNS = 64
@@ -53,7 +50,7 @@ class Admission(StepFields):
         *,
         pad_token_id: int,
         tokenizer: Tokenizer | None = None,
-    ) -> Generation:
+    ) -> Self:
         """An empty batch whose rows join with ``admit()`` and leave with ``release()``;
         ``cache`` is a chain holding the KV cache every row shares (it must have the
         ``RowSlots`` capability)."""
@@ -63,7 +60,7 @@ class Admission(StepFields):
                 "(it has no add_rows()/keep_rows(), the RowSlots capability): continuous "
                 "batching needs one, such as the built-in 'slots' or 'concat_slots'"
             )
-        state: Generation = cls.__new__(cls)  # type: ignore[assignment]
+        state = cls.__new__(cls)
         state._setup(model, cache, pad_token_id, tokenizer, [])
         state._open = True
         state.rows = RowState.empty(_START_COLUMNS, pad_token_id)
@@ -94,6 +91,8 @@ class Admission(StepFields):
             raise InputError("an empty prompt cannot join")
         if chain.cache is not self.chain.cache:
             raise InputError("a joining row must share the batch's KV cache")
+        if self.fed >= self.length:  # every row held ended in a step that appended no
+            self._open_column()  # column (all failed): the newcomer's token needs one
         if len(prompt) + 1 > self.length:  # room on the left for the prompt and a token
             self._shift_columns(len(prompt) + 1 - self.length)
         self.reserve(self.length + 2)
@@ -122,6 +121,13 @@ class Admission(StepFields):
             return row
         self._first_pick(row, logits, failed)
         return row
+
+    def _open_column(self) -> None:
+        """One more column, padding for every row held, to be fed by the next step."""
+        self.reserve(self.length + 1)
+        self.rows.ids[:, self.length] = self.pad_token_id
+        self.rows.mask[:, self.length] = 0
+        self.length += 1
 
     def _prefill_joined(self, row: int, prompt: list[int], pad: int, end: int) -> np.ndarray:
         """The joining row's prompt fed alone (what the cache already holds skipped);

@@ -204,8 +204,8 @@ def _chat_prompt(body: Mapping[str, Any], gen: TextGenerator) -> tuple[list[int]
     try:
         return gen.chat_prompt(rendered, tools=tools, **kwargs), plan
     except OrtgenError as exc:
-        param = "tools" if str(exc).startswith("tools") else "messages"
-        raise RequestError(str(exc), param=param) from None
+        where = re.match(r"tools|messages\[\d+\]\.content\[\d+\]", str(exc))
+        raise RequestError(str(exc), param=where[0] if where else "messages") from None
 
 
 def _request(
