@@ -22,7 +22,7 @@ from .errors import (
     OrtgenError,
     PluginError,
 )
-from .hookspecs import hookimpl
+from .hookspecs import Register, hookimpl
 from .protocols import (
     FeedsMask,
     FollowsTokens,
@@ -30,6 +30,7 @@ from .protocols import (
     ForksCache,
     GenerationContext,
     KVCache,
+    LiftsContext,
     LogitsProcessor,
     OwnsPresents,
     Reseedable,
@@ -105,11 +106,13 @@ __all__ = [
     "GenerationOutput",
     "InputError",
     "KVCache",
+    "LiftsContext",
     "LogitsProcessor",
     "ModelLoadError",
     "OrtgenError",
     "OwnsPresents",
     "PluginError",
+    "Register",
     "Reseedable",
     "ReusesPrefixes",
     "RowSlots",

@@ -26,7 +26,7 @@ from .outputs import GenerationOutput, StreamPiece, output_of, with_calls
 from .pipeline import Pipeline, load_pipeline
 from .plugin_manager import build_registry, make_plugin_manager
 from .prompts import PromptEncoder
-from .protocols import GenerationContext
+from .protocols import GenerationContext, LiftsContext
 from .registry import Registry
 from .structured_output import response_format_settings
 from .structured_settings import CONSTRAINT_FIELDS
@@ -438,8 +438,8 @@ class TextGenerator:
         if not config.cache:
             return False
         entry = self.registry.get("kv_cache", config.cache["name"])
-        lifts = getattr(entry.factory, "lifts_context", None)
-        return bool(lifts is not None and lifts(self.model.signature))
+        factory = entry.factory
+        return isinstance(factory, LiftsContext) and factory.lifts_context(self.model.signature)
 
 
 def load(

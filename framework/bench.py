@@ -98,7 +98,7 @@ def run_bench(settings: BenchSettings) -> dict[str, Any]:
             step_started = time.perf_counter()
             state.step()
             step_s.append(time.perf_counter() - step_started)
-            kv_bytes.append(int(state.chain.cache.nbytes))
+            kv_bytes.append(_cache_bytes(state))
     finally:
         gen.model.session = timed._session
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -122,7 +122,7 @@ def run_bench(settings: BenchSettings) -> dict[str, Any]:
         "session_run_share": round(session_s / decode_s, 4) if steps else None,
         "python_ms_per_token": _ms((decode_s - session_s) / steps) if steps else None,
         "peak_rss_mb": round(peak_rss_mb, 1),
-        "kv_cache_bytes": int(state.chain.cache.nbytes),
+        "kv_cache_bytes": _cache_bytes(state),
         "prefill_tokens": int(state.prefill_tokens),
         "greedy_tokens": state.generated(0),
         "agreement_top1": None,
@@ -181,6 +181,12 @@ def format_report(report: dict[str, Any]) -> str:
     ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def _cache_bytes(state: Any) -> int:
+    """Bytes the request's KV cache holds (0 for a chain without one)."""
+    cache = state.chain.cache
+    return int(cache.nbytes) if cache is not None else 0
 
 
 def _ms(seconds: float) -> float:

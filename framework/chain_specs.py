@@ -132,7 +132,7 @@ def sampler_spec(config: GenerationConfig) -> Spec:
     if config.sampler:
         return _explicit((config.sampler,))[0]
     if config.num_beams > 1:
-        beams = {
+        beams: dict[str, Any] = {
             "num_beams": config.num_beams,
             "length_penalty": config.length_penalty,
             "early_stopping": config.early_stopping,

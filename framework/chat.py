@@ -115,7 +115,9 @@ class ChatBatch:
         prompts = [self.generator.chat_prompt(messages, tools=self.tools) for messages in turns]
         out = self.generator.generate(prompts, **merged)
         self.reused_tokens = sum(map(len, prompts)) - int(out.stats["prefill_tokens"])
-        for messages, text in zip(turns, out.text, strict=True):
+        texts = out.text
+        assert isinstance(texts, list)  # a list of prompts: one text each
+        for messages, text in zip(turns, texts, strict=True):
             messages.append({"role": "assistant", "content": text})
         self.conversations = turns
-        return list(out.text)
+        return texts

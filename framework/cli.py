@@ -359,7 +359,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 class _Parser(argparse.ArgumentParser):
     """argparse, with a did-you-mean for a misspelt flag (``--temprature``)."""
 
-    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_args(self, args=None, namespace=None):
         parsed, unknown = self.parse_known_args(args, namespace)
         if unknown:
             flags = _flags_of(self, parsed)

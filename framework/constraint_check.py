@@ -23,7 +23,7 @@ from .errors import ConfigError
 __all__ = ["JSON_DEFAULTS", "check_constraint", "check_grammar", "grammar_text"]
 
 #: llguidance's JSON options ortgen starts from (a schema's ``x-guidance`` overrides them)
-JSON_DEFAULTS = {"whitespace_flexible": False}
+JSON_DEFAULTS: Any = {"whitespace_flexible": False}  # llguidance's JsonCompileOptions
 
 
 def grammar_text(setting: str, value: Any) -> str:

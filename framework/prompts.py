@@ -91,14 +91,14 @@ class PromptEncoder:
                 rows = [self.check_ids(r, i) for i, r in enumerate(prompts.tolist())]
                 return rows, False, [{} for _ in rows]
             raise InputError(f"token-id prompts must be 1-D or 2-D, got shape {prompts.shape}")
-        items = list(prompts)
+        items: list[Any] = list(prompts)
         if not items:
             raise InputError("no prompt given (an empty list)")
         if all(isinstance(x, int | np.integer) for x in items):
             return [self.check_ids([int(x) for x in items], 0)], True, [{}]
         rows, settings = [], []
         for i, item in enumerate(items):
-            own: dict[str, Any] = {}
+            own = {}
             if isinstance(item, str):
                 row = self.encode_text(item, i)
             elif isinstance(item, Mapping):

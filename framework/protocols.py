@@ -243,6 +243,18 @@ class RowSlots(Protocol):
     def keep_rows(self, order: np.ndarray) -> None: ...
 
 
+@runtime_checkable
+class LiftsContext(Protocol):
+    """Optional capability of a KV-cache *factory* (what ``register`` is given, not the
+    cache it makes): a cache that keeps positions within a window lets a request run
+    past the model's trained context, and ``lifts_context(signature)`` says on which
+    graphs (e.g. only those whose positions stay within the window). Without it, a
+    request's length is clipped at the model's context (``TextGenerator.max_length``).
+    """
+
+    def lifts_context(self, signature: Any) -> bool: ...
+
+
 @dataclass(frozen=True)
 class GenerationContext:
     """Facts about one request, handed to factories that ask for ``ctx``.

@@ -82,14 +82,16 @@ def plan_tools(
     if not hermes:
         conversation = _for_plain_template(conversation, template)
     if not functions or choice == "none":
-        tools_out = list(tools) if (tools and hermes and choice != "none") else None
+        tools_out = [dict(t) for t in tools] if (tools and hermes and choice != "none") else None
         return ToolPlan(format_, conversation, tools_out)
     named = None if choice in ("auto", "required") else choice
     callable_ = {named: functions[named]} if named else functions
     calls_only = choice != "auto"
     if hermes:
         grammar = _hermes_grammar(callable_, calls_only=calls_only, parallel=parallel)
-        return ToolPlan(format_, conversation, list(tools or ()), {"grammar": grammar}, True)
+        return ToolPlan(
+            format_, conversation, [dict(t) for t in tools or ()], {"grammar": grammar}, True
+        )
     schema = _json_schema(callable_, calls_only=calls_only, parallel=parallel)
     described = _describe(functions, named, calls_only)
     return ToolPlan(format_, _with_system(conversation, described), None, {"json_schema": schema},
@@ -315,7 +317,7 @@ def _for_plain_template(messages: list[dict[str, Any]], template: str) -> list[d
     roles and string contents: a call becomes the JSON the model wrote, a result a
     ``tool_response`` message (as ``user`` unless the template knows a ``tool`` role)."""
     knows_tool_role = "'tool'" in template or '"tool"' in template
-    out = []
+    out: list[dict[str, Any]] = []
     for message in messages:
         calls = message.get("tool_calls")
         if message.get("role") == "assistant" and calls:

@@ -35,9 +35,9 @@ def token_ids(name: str, value: object) -> tuple[int, ...]:
     if (
         isinstance(items, Sequence)
         and not isinstance(items, str)
-        and all(is_int(i) and i >= 0 for i in items)  # type: ignore[operator]
+        and all(is_int(i) and i >= 0 for i in items)
     ):
-        return tuple(int(i) for i in items)  # type: ignore[call-overload]
+        return tuple(int(i) for i in items)
     raise ConfigError(
         f"`{name}` has to be a non-negative integer or a list of them, but is {value!r}"
     )

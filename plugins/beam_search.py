@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ortgen import ConfigError, GenerationContext, hookimpl
+from ortgen import ConfigError, GenerationContext, Register, hookimpl
 from ortgen.candidates import best_first
 from ortgen.text.stop_strings import StopStringMatcher
 
@@ -36,7 +36,7 @@ _NEG = np.float32(-1.0e9)
 
 
 @hookimpl
-def register_samplers(register):  # type: ignore[no-untyped-def]
+def register_samplers(register: Register) -> None:
     register("beam_search", BeamSearch)
 
 
@@ -131,8 +131,8 @@ class BeamSearch:
         if rows != items * beams:
             raise ValueError(f"beam_search expected {items * beams} rows, got {rows}")
         cur_len = input_ids.shape[1]
-        log_probs = scores.astype(np.float32).reshape(items, beams, vocab)
-        log_probs = (log_probs + self.running_scores[:, :, None]).reshape(items, beams * vocab)
+        per_beam = scores.astype(np.float32).reshape(items, beams, vocab)
+        log_probs = (per_beam + self.running_scores[:, :, None]).reshape(items, beams * vocab)
         top = self._top_k(log_probs, keep)  # (items, keep) flat indices
         top_scores = np.take_along_axis(log_probs, top, axis=1)
         top_beams, top_ids = top // vocab, top % vocab

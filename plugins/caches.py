@@ -14,12 +14,12 @@ Both follow the graph's KV layout (``GraphSignature.kv_layout``):
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import onnxruntime as ort
 
-from ortgen import GenerationContext, hookimpl
+from ortgen import GenerationContext, Register, hookimpl
 
 
 class DynamicCache:
@@ -54,7 +54,7 @@ class DynamicCache:
     def reorder(self, rows: np.ndarray) -> None:
         self._values = [as_numpy(v)[rows] for v in self._values]
 
-    def fork(self) -> DynamicCache:
+    def fork(self) -> Self:
         """An independent copy holding the same positions (``Generation.fork``)."""
         twin = copy.copy(self)
         twin._values = [np.array(as_numpy(v)) for v in self._values]
@@ -97,6 +97,7 @@ class StaticCache:
         self._capacity = max(capacity or ctx.max_length, 1)
         self._length = 0
         self._pending = 0  # positions the forward being run will leave (set by outputs())
+        self._current = 0  # which of the two concat buffers holds the past (_allocate)
         self._allocate(self._capacity)
 
     # -- the protocol ----------------------------------------------------------------
@@ -137,7 +138,7 @@ class StaticCache:
         for i, array in enumerate(held):
             self._array(i)[...] = array
 
-    def fork(self) -> StaticCache:
+    def fork(self) -> Self:
         """An independent copy holding the same positions, in buffers of its own."""
         held = [self._array(i).copy() for i in range(len(self._names))]
         twin = copy.copy(self)
@@ -267,6 +268,6 @@ def as_numpy(value: Any) -> np.ndarray:
 
 
 @hookimpl
-def register_kv_caches(register):
+def register_kv_caches(register: Register) -> None:
     register("static", StaticCache)
     register("dynamic", DynamicCache)

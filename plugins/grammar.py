@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ortgen import Candidates, ConfigError, GenerationContext, hookimpl
+from ortgen import Candidates, ConfigError, GenerationContext, Register, hookimpl
 
 from .grammar_compile import check_grammar, grammar_text, shared_tokenizer
 
@@ -92,7 +92,7 @@ class GrammarConstraint:
         words = (self.vocab + 31) // 32
         self._bits = np.zeros((ctx.batch_size, words), dtype=np.int32)
         self._held: tuple[int, Any] | None = None  # (id of scores, mask) of this step
-        self._pending: Future[tuple[np.ndarray, np.ndarray | None]] | None = (
+        self._pending: Future[tuple[np.ndarray, np.ndarray | None, np.ndarray | None]] | None = (
             None  # a mask being computed beside a forward
         )
 
@@ -279,5 +279,5 @@ def _reason(matcher: Any) -> str:
 
 
 @hookimpl
-def register_logits_processors(register):  # type: ignore[no-untyped-def]
+def register_logits_processors(register: Register) -> None:
     register("grammar", GrammarConstraint)

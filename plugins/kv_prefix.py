@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ortgen import GenerationContext, hookimpl
+from ortgen import GenerationContext, Register, hookimpl
 
 from ._args import is_int
 from .caches import StaticCache
@@ -33,7 +33,7 @@ from .caches import StaticCache
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 
 
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix_length(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) -> int:
     """How many leading tokens two token sequences (arrays, lists or tuples) share."""
     n = min(len(a), len(b))
     same = np.asarray(a[:n]) == np.asarray(b[:n])
@@ -191,5 +191,5 @@ class PrefixCache(StaticCache):
 
 
 @hookimpl
-def register_kv_caches(register):
+def register_kv_caches(register: Register) -> None:
     register("prefix", PrefixCache)

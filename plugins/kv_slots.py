@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from ortgen import GenerationContext, hookimpl
+from ortgen import GenerationContext, Register, hookimpl
 
 from .caches import DynamicCache, StaticCache, as_numpy
 from .kv_prefix import common_prefix_length
@@ -136,13 +136,13 @@ class SlotCache(StaticCache):
         ``order`` moves rows only down (a tail row into a freed slot), so copying in
         place never overwrites a row still to be moved. A slot no row moved into keeps
         its keys/values, and so the prefix it holds."""
-        order = [int(source) for source in order]
-        for target, source in enumerate(order):
+        sources = [int(source) for source in order]
+        for target, source in enumerate(sources):
             if source != target:
                 for buffer in self._buffers:
                     buffer[target] = buffer[source]
-        self._held = [self._held[s] for s in order] + self._held[len(order) :]
-        self.active = len(order)
+        self._held = [self._held[s] for s in sources] + self._held[len(sources) :]
+        self.active = len(sources)
         self.select(None)
 
     def copy_row(self, source: int, target: int, positions: int) -> None:
@@ -251,6 +251,6 @@ class ConcatSlots(DynamicCache):
 
 
 @hookimpl
-def register_kv_caches(register):
+def register_kv_caches(register: Register) -> None:
     register("slots", SlotCache)
     register("concat_slots", ConcatSlots)

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from ortgen import GenerationContext, hookimpl
+from ortgen import GenerationContext, Register, hookimpl
 
 from ._args import is_int
 from ._rope import KeyShifter, inverse_frequencies
@@ -82,20 +82,27 @@ def sliding_window_cache(
             f"sliding_window (window={window}, sink={sink}) approximates full attention "
             f"for this model (declared sliding window: {declared}); output differs from "
             "the full cache once the sequence outgrows the window",
-            stacklevel=3,
+            stacklevel=4,
         )
     if shared:
         return SharedWindowCache(ctx, window, sink, exact=exact, evict=evict)
     return RingWindowCache(ctx, window, sink, exact=exact)
 
 
-def _lifts_context(signature: Any) -> bool:
-    """On fused graphs positions stay within the window: generation may outgrow the
-    model's trained context (StreamingLLM). Optimum graphs keep true positions."""
-    return bool(signature.shared_kv)
+class SlidingWindowFactory:
+    """The registered ``sliding_window`` factory: ``sliding_window_cache`` with the
+    ``LiftsContext`` capability declared as a method."""
 
+    def __call__(
+        self, *, ctx: GenerationContext, window: int | None = None, sink: int = 0, evict: int = 1
+    ) -> RingWindowCache | SharedWindowCache:
+        """See ``sliding_window_cache``."""
+        return sliding_window_cache(ctx=ctx, window=window, sink=sink, evict=evict)
 
-sliding_window_cache.lifts_context = _lifts_context  # type: ignore[attr-defined]
+    def lifts_context(self, signature: Any) -> bool:
+        """On fused graphs positions stay within the window: generation may outgrow the
+        model's trained context (StreamingLLM). Optimum graphs keep true positions."""
+        return bool(signature.shared_kv)
 
 
 class _WindowBase:
@@ -357,5 +364,5 @@ class SharedWindowCache(_WindowBase):
 
 
 @hookimpl
-def register_kv_caches(register):
-    register("sliding_window", sliding_window_cache)
+def register_kv_caches(register: Register) -> None:
+    register("sliding_window", SlidingWindowFactory())

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ortgen import Candidates, ComponentError, ConfigError, GenerationContext, hookimpl
+from ortgen import Candidates, ComponentError, ConfigError, GenerationContext, Register, hookimpl
 from ortgen.plugins._args import as_float, is_int
 from ortgen.plugins._numeric import present_scores
 from ortgen.plugins.samplers import MultinomialSampler, _unusable_rows
@@ -43,14 +43,14 @@ _FLOAT_MAX_LOG = 88.7228391
 
 
 @hookimpl
-def register_logits_processors(register):  # type: ignore[no-untyped-def]
+def register_logits_processors(register: Register) -> None:
     register("dry", DryProcessor)
     register("top_n_sigma", TopNSigmaProcessor)
     register("xtc", XtcProcessor)
 
 
 @hookimpl
-def register_samplers(register):  # type: ignore[no-untyped-def]
+def register_samplers(register: Register) -> None:
     register("mirostat_v2", MirostatV2Sampler)
 
 
@@ -411,7 +411,7 @@ class XtcProcessor:
         in float32 as llama.cpp does. Only the weights within a hair of ``threshold *
         total`` are divided: on a full row that is a few dozen, not 49,152.
         """
-        chance = self._rng.random(rows.shape[0], dtype=np.float32)
+        chance = np.asarray(self._rng.random(rows.shape[0], dtype=np.float32))
         threshold = np.float32(self.threshold)
         cuts = []
         for index, row in enumerate(rows):
@@ -532,6 +532,7 @@ class MirostatV2Sampler:
             top = values.max()
             prob[row] = np.exp(truncated[row, picked[row]] - top) / np.exp(values - top).sum()
         surprise = -np.log2(prob)
+        assert self.mu is not None  # set by the call that picked ``picked``
         self.mu = (self.mu - np.float32(self.eta) * (surprise - np.float32(self.tau))).astype(
             np.float32
         )

@@ -23,15 +23,16 @@ row-offset ids), not to the vocabulary.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
-from ortgen import ConfigError, GenerationContext, hookimpl
+from ortgen import ConfigError, GenerationContext, Register, hookimpl
 from ortgen.plugins._args import as_float, is_int
 
 
 @hookimpl
-def register_logits_processors(register):  # type: ignore[no-untyped-def]
+def register_logits_processors(register: Register) -> None:
     register("presence_penalty", PresencePenaltyProcessor)
     register("frequency_penalty", FrequencyPenaltyProcessor)
     register("logit_bias", LogitBiasProcessor)
@@ -156,10 +157,10 @@ class LogitBiasProcessor:
         return out
 
 
-def _token_id(key: object) -> int | None:
+def _token_id(key: Any) -> int | None:
     """``key`` as a token id: an int, or a string of decimal digits (JSON object keys)."""
     if is_int(key):
-        return int(key)  # type: ignore[call-overload]
+        return int(key)
     if isinstance(key, str) and key.strip().lstrip("-").isdigit():
         return int(key)
     return None

@@ -25,10 +25,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 import numpy as np
 
-from ortgen import Candidates, ConfigError, hookimpl
+from ortgen import Candidates, ConfigError, Register, hookimpl
 from ortgen.plugins._args import as_float, is_int
 from ortgen.plugins._numeric import count_prefix
 
@@ -43,7 +44,7 @@ _FEW = 128
 
 
 @hookimpl
-def register_logits_processors(register):  # type: ignore[no-untyped-def]
+def register_logits_processors(register: Register) -> None:
     register("temperature", TemperatureProcessor)
     register("top_k", TopKProcessor)
     register("top_p", TopPProcessor)
@@ -54,12 +55,12 @@ def register_logits_processors(register):  # type: ignore[no-untyped-def]
 # --- argument checks (messages follow transformers' own) ---------------------
 
 
-def _check_min_tokens_to_keep(value: object) -> int:
-    if not is_int(value) or value < 1:  # type: ignore[operator]
+def _check_min_tokens_to_keep(value: Any) -> int:
+    if not is_int(value) or value < 1:
         raise ConfigError(
             f"`min_tokens_to_keep` has to be a positive integer (>= 1), but is {value!r}"
         )
-    return int(value)  # type: ignore[arg-type]
+    return int(value)
 
 
 # --- numeric helpers -----------------------------------------------------------
@@ -93,7 +94,7 @@ def _fill(scores: np.ndarray, remove: np.ndarray, *, few_kept: bool = False) -> 
 def _few_kept(remove: np.ndarray) -> bool:
     """Whether at most 1/8 of the scores survive ``remove`` (``_fill`` then scatters them),
     counted: for a cut whose size is not known in advance."""
-    return 8 * (remove.size - np.count_nonzero(remove)) < remove.size
+    return bool(8 * (remove.size - np.count_nonzero(remove)) < remove.size)
 
 
 def _rows(batch: int) -> np.ndarray:

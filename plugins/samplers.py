@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from ortgen import Candidates, ComponentError, GenerationContext, hookimpl
+from ortgen import Candidates, ComponentError, GenerationContext, Register, hookimpl
 from ortgen.plugins._numeric import PrefixSums
 
 # A row this short is drawn from with Python floats (see MultinomialSampler._draw_few).
@@ -22,7 +22,7 @@ _FEW = 128
 
 
 @hookimpl
-def register_samplers(register):  # type: ignore[no-untyped-def]
+def register_samplers(register: Register) -> None:
     register("greedy", GreedySampler)
     register("multinomial", MultinomialSampler)
 
@@ -155,7 +155,7 @@ class MultinomialSampler:
         if self._row_rngs is not None:
             uniform = np.array([rng.random() for rng in self._row_rngs])
         else:
-            uniform = self._rng.random(batch)
+            uniform = np.asarray(self._rng.random(batch))
         target = uniform * cdf.total
         picked = cdf.count(target[:, None], in_float32=False)
 

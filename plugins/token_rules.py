@@ -28,17 +28,18 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
-from ortgen import ConfigError, GenerationContext, hookimpl
+from ortgen import ConfigError, GenerationContext, Register, hookimpl
 from ortgen.plugins._args import as_float, eos_ids, is_int, token_ids
 
 _NEG_INF = np.float32(-np.inf)
 
 
 @hookimpl
-def register_logits_processors(register):  # type: ignore[no-untyped-def]
+def register_logits_processors(register: Register) -> None:
     register("sequence_bias", SequenceBiasProcessor)
     register("min_length", MinLengthProcessor)
     register("forced_bos_token_id", ForcedBOSTokenProcessor)
@@ -57,11 +58,11 @@ def _copy(scores: np.ndarray) -> np.ndarray:
     return np.array(scores, dtype=np.float32)  # always a new array
 
 
-def _non_negative_int(name: str, value: object, *, positive: bool = False) -> int:
-    if not is_int(value) or value < (1 if positive else 0):  # type: ignore[operator]
+def _non_negative_int(name: str, value: Any, *, positive: bool = False) -> int:
+    if not is_int(value) or value < (1 if positive else 0):
         kind = "a strictly positive" if positive else "a non-negative"
         raise ConfigError(f"`{name}` has to be {kind} integer, but is {value!r}")
-    return int(value)  # type: ignore[call-overload]
+    return int(value)
 
 
 def _in_vocab(name: str, ids: tuple[int, ...] | list[int], vocab: int) -> None:
@@ -93,7 +94,7 @@ class _Suppress:
 
 def _bias_pairs(value: object) -> list[tuple[tuple[int, ...], float]]:
     """HF's two shapes, ``[[ids, bias], ...]`` or ``{(ids...): bias}``, as (ids, bias) pairs."""
-    items = value.items() if isinstance(value, Mapping) else value
+    items: Any = value.items() if isinstance(value, Mapping) else value
     shape = (
         "a list of [token-id list, bias] pairs (or a {tuple of ids: bias} dict) with "
         "non-empty lists of non-negative ids and numeric biases (NaN and +inf refused)"
@@ -101,15 +102,17 @@ def _bias_pairs(value: object) -> list[tuple[tuple[int, ...], float]]:
     if not isinstance(items, (list, tuple)) and not isinstance(value, Mapping):
         raise ConfigError(f"`sequence_bias` has to be {shape}, but is {value!r}")
     pairs = []
-    for item in items:  # type: ignore[union-attr]
+    for item in items:
         ok = isinstance(item, (list, tuple)) and len(item) == 2
+        ids: Any
+        bias: Any
         ids, bias = item if ok else ((), None)
         ok = ok and isinstance(ids, (list, tuple)) and len(ids) > 0
         ok = ok and all(is_int(i) and i >= 0 for i in ids)
         ok = ok and isinstance(bias, numbers.Real) and not isinstance(bias, (bool, np.bool_))
-        if not ok or math.isnan(bias) or bias == math.inf:  # type: ignore[arg-type]
+        if not ok or math.isnan(bias) or bias == math.inf:
             raise ConfigError(f"`sequence_bias` has to be {shape}, but is {value!r}")
-        pairs.append((tuple(int(i) for i in ids), float(bias)))  # type: ignore[arg-type]
+        pairs.append((tuple(int(i) for i in ids), float(bias)))
     return pairs
 
 
@@ -361,7 +364,9 @@ class RemoveInvalidValuesProcessor:
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
         finfo = np.finfo(np.float32)
-        return np.nan_to_num(_copy(scores), nan=0.0, posinf=finfo.max, neginf=finfo.min)
+        return np.nan_to_num(
+            _copy(scores), nan=0.0, posinf=float(finfo.max), neginf=float(finfo.min)
+        )
 
 
 class RenormalizeLogitsProcessor:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ortgen import Candidates, ConfigError, hookimpl
+from ortgen import Candidates, ConfigError, Register, hookimpl
 from ortgen.plugins._args import as_float
 from ortgen.plugins._numeric import present_scores
 from ortgen.plugins.processors import _check_min_tokens_to_keep, _f32, _few_kept, _fill
@@ -31,7 +31,7 @@ _F32_MIN = np.finfo(np.float32).min
 
 
 @hookimpl
-def register_logits_processors(register):  # type: ignore[no-untyped-def]
+def register_logits_processors(register: Register) -> None:
     register("epsilon_cutoff", EpsilonCutoffProcessor)
     register("eta_cutoff", EtaCutoffProcessor)
 

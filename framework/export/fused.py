@@ -150,12 +150,11 @@ def prune_lm_head(graph: Path) -> None:
     else:
         heads = [head]
     matmuls = ("MatMul", "MatMulNBits")
-    if any(h is None or h.op_type not in matmuls for h in heads) or (
-        len({h.input[0] for h in heads}) != 1
-    ):
+    matmul_heads = [h for h in heads if h is not None and h.op_type in matmuls]
+    if len(matmul_heads) != len(heads) or len({h.input[0] for h in matmul_heads}) != 1:
         found = head.op_type if head is not None else "nothing"
         raise ExportError(f"{graph}: 'logits' is made by {found}, not an LM-head MatMul")
-    hidden = heads[0].input[0]
+    hidden = matmul_heads[0].input[0]
     if producers.get(hidden) is not None and producers[hidden].op_type == "Slice":
         return  # already pruned
     last = f"{hidden}/last_position"
@@ -170,8 +169,8 @@ def prune_lm_head(graph: Path) -> None:
         model.graph.initializer.append(helper.make_tensor(name, TensorProto.INT64, [1], [value]))
         names.append(name)
     slice_node = helper.make_node("Slice", [hidden, *names], [last], name=f"{last}/Slice")
-    for part in heads:
+    for part in matmul_heads:
         part.input[0] = last
-    index = min(list(model.graph.node).index(part) for part in heads)
+    index = min(list(model.graph.node).index(part) for part in matmul_heads)
     model.graph.node.insert(index, slice_node)
     onnx.save(model, str(graph))

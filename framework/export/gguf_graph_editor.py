@@ -241,6 +241,7 @@ class GraphEditor:
                     "the LM head's weights; only the builder's shared_embeddings=true layout is "
                     "supported"
                 )
+            assert lm_head is not None and reshape is not None  # ``shared`` says so
             if not same_blocks(lm_head[1], blocks):
                 raise ExportError(
                     "GGUF rewrite: the graph shares the LM head with the embedding but the "

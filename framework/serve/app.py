@@ -117,7 +117,8 @@ async def _complete(
     work = asyncio.gather(*(pump(h, c) for h, c in zip(handles, choices, strict=True)))
     gone = asyncio.ensure_future(_disconnected(request.receive))
     try:
-        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        either: set[asyncio.Future[Any]] = {work, gone}
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
     finally:
         gone.cancel()
     if not work.done():  # the client left; release() cancels the rows

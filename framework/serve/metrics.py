@@ -105,9 +105,9 @@ def render(stats: EngineStats, http: HttpStats, *, model: str) -> str:
         ("ortgen_peak_batch_size", stats.peak_batch_size, "Most rows one decode step has run."),
         ("ortgen_decode_tokens_per_second", stats.decode_tokens_per_s, "Recent decode speed."),
     )
-    for name, value, help_text in gauges:
+    for name, gauge, help_text in gauges:
         _metric(lines, name, "gauge", help_text)
-        lines.append(f"{name} {float(value):g}")
+        lines.append(f"{name} {float(gauge):g}")
 
     name = "ortgen_time_to_first_token_seconds"
     _metric(lines, name, "summary", "From queuing a row to its first token.")

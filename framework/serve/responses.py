@@ -277,7 +277,8 @@ class Answer:
         else:
             item["text"] = piece.text
         item["logprobs"] = self._logprobs([piece], choice)
-        item["finish_reason"] = finish_reason(piece.finish_reason) if done else None
+        reason = piece.finish_reason
+        item["finish_reason"] = finish_reason(reason) if reason is not None else None
         return self._chunk(item)
 
     def usage_chunk(self, choices: list[Choice]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any
 
 from ..errors import InputError, ModelLoadError
 from .content_format import ContentFormat, detect_content_format, join_text_parts
@@ -417,7 +417,7 @@ def _compile_jinja_template(source: str) -> Any:
 
     class GenerationTag(jinja2.ext.Extension):
         # transformers' AssistantTracker; only the assistant mask (unused here) differs.
-        tags: ClassVar[set[str]] = {"generation"}
+        tags = {"generation"}  # noqa: RUF012 (jinja2 declares it an instance variable)
 
         def parse(self, parser: Any) -> Any:
             lineno = next(parser.stream).lineno

@@ -186,9 +186,8 @@ def _as_added_token(value: Any) -> Any:
     return value
 
 
-def _token_str(value: Any) -> str | None:
-    if value is None:
-        return None
+def _token_str(value: Any) -> str:
+    """A special token's text (an AddedToken's content); callers skip empty values."""
     return value.content if isinstance(value, AddedToken) else str(value)
 
 
@@ -339,7 +338,7 @@ def _update_post_processor(
     pair = f"{single}{bos_b} $B:1{eos_b}"
     unk = special.get("unk_token")
     special_tokens = [
-        (token, token_id(backend, token, unk))
+        (token, token_id(backend, str(token), unk))
         for token, add in ((bos, add_bos), (eos, add_eos))
         if add
     ]
