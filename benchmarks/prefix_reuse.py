@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import ortgen
-from ortgen.quality import eval_ids
+from ortgen.bench.quality import eval_ids
 
 
 def main() -> None:

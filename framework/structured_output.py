@@ -14,10 +14,10 @@ from typing import Any
 from .errors import InputError
 
 
-def parse_json_output(text: str, finish_reason: str) -> tuple[Any, str | None]:
+def parse_json_output(text: str, finish_reason: str | None) -> tuple[Any, str | None]:
     """(the parsed value, None), or (None, why the row's text is not whole JSON)."""
     if finish_reason not in ("eos", "stop"):
-        cut = {"length": "max_new_tokens", "stop_string": "a stop string"}.get(finish_reason)
+        cut = {"length": "max_new_tokens", "stop_string": "a stop string"}.get(finish_reason or "")
         why = f"it stopped at {cut}" if cut else f"it ended with finish_reason {finish_reason!r}"
         return None, f"the output is not whole JSON: {why} before the JSON was complete"
     try:

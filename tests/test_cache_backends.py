@@ -79,7 +79,7 @@ def test_beam_search_reorders_every_backend(
 
 def test_exact_backends_give_the_dynamic_tokens_on_the_default_model(default_gen) -> None:
     """The int4 default model, one request each, fed as ``dynamic`` feeds it."""
-    from ortgen.quality import eval_ids
+    from ortgen.bench.quality import eval_ids
 
     prompt = eval_ids(default_gen)[:300]
     settings = dict(max_new_tokens=32, do_sample=False, eos_token_id=None)
@@ -92,7 +92,7 @@ def test_reuse_and_batches_are_exact_on_the_fp32_default_model(reference_gen) ->
     """Reusing a prefix feeds the prompt in other chunks, and a batch decodes rows
     together: on the fp32 graph neither changes a token. (The int4 graph's kernels round
     slightly differently for other chunkings, which can flip a near-tie.)"""
-    from ortgen.quality import eval_ids
+    from ortgen.bench.quality import eval_ids
 
     gen = reference_gen
     text = eval_ids(gen)

@@ -241,11 +241,12 @@ def test_missing_model_folder(tmp_path: Path) -> None:
 def test_a_bug_exits_1_with_a_traceback() -> None:
     """An exception that is not an OrtgenError is a bug: not hidden behind status 2."""
     code = (
-        "import sys, ortgen.cli as cli\n"
-        "def broken(args):\n"
+        "import sys, ortgen.plugin_manager as plugin_manager\n"
+        "from ortgen.cli import main\n"
+        "def broken(*args, **kwargs):\n"
         "    raise KeyError('a bug')\n"
-        "cli.cmd_plugins = broken\n"
-        "sys.exit(cli.main(['plugins']))\n"
+        "plugin_manager.make_plugin_manager = broken\n"
+        "sys.exit(main(['plugins']))\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120

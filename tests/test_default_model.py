@@ -39,9 +39,9 @@ def test_fp32_fused_greedy_equals_transformers_on_the_same_weights(reference_gen
 def test_the_default_variant_passes_the_quality_rule(default_gen, reference_gen):
     """The default model is a quantised variant: teacher-forced on the fixed evaluation
     text, its perplexity stays within 5% of the fp32 graph's (the rule that chose it)."""
+    from ortgen.bench.quality import eval_ids, score_tokens
     from ortgen.export.variant import DEFAULT_MODEL_VARIANT
     from ortgen.manifest import read_manifest
-    from ortgen.quality import eval_ids, score_tokens
 
     assert read_manifest(default_gen.path)["variant"] == DEFAULT_MODEL_VARIANT.to_dict()
     assert DEFAULT_MODEL_VARIANT.precision != "fp32"

@@ -6,6 +6,8 @@ several-token prefill computed."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +18,7 @@ import ortgen
 from ortgen.plugins.kv_prefix import common_prefix_length
 from ortgen.plugins.kv_slots import exact_length, shareable_count
 from ortgen.serve.engine import Engine
-from tests.server_helpers import running_engine
+from tests.server_helpers import KEY, ROOT, ServerProcess, running_engine
 from tests.tiny_models import export_tiny
 
 
@@ -272,3 +274,29 @@ def test_a_cache_without_row_slots_is_refused_when_the_server_starts(tiny_llama_
     engine = Engine(tiny_llama_gen, cache=("dynamic", {}))
     with pytest.raises(ortgen.InputError, match=r"'dynamic'.*RowSlots"):
         engine.start()
+
+
+def test_ortgen_serve_takes_a_third_party_slot_cache_by_flag(tiny_root: Path) -> None:
+    """``ortgen serve --plugin MODULE --cache NAME``: the plugin's cache serves requests
+    (answers equal generate's); a cache without RowSlots stops the server before it
+    listens, with one error line and status 2."""
+    folder = export_tiny("llama", tiny_root / "serve-third-party", with_tokenizer=True)
+    plugin = ("--plugin", "tests.third_party_slots")
+    server = ServerProcess("--model", str(folder), "--threads", "1", "--api-key", KEY, *plugin,
+                           "--cache", "my_slots")  # fmt: skip
+    try:
+        client = server.ready().client()
+        gen = ortgen.load(folder, threads=1)
+        for prompt in ("hello", "abc abc abc"):
+            want = gen.generate(prompt, max_new_tokens=12)
+            got = client.completions.create(model="x", prompt=prompt, max_tokens=12, temperature=0)
+            assert got.choices[0].text == want.text
+    finally:
+        server.stop()
+    refused = subprocess.run(
+        [sys.executable, "-m", "ortgen.cli", "serve", "--model", str(folder), "--port", "0",
+         "--cache", "dynamic"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert refused.returncode == 2, refused.stderr
+    assert "ortgen: error: kv cache 'dynamic' cannot hold rows that join" in refused.stderr

@@ -108,5 +108,5 @@ class MySlots:
 
 
 @ortgen.hookimpl
-def register_kv_caches(register):  # type: ignore[no-untyped-def]
+def register_kv_caches(register: ortgen.Register) -> None:
     register("my_slots", MySlots)

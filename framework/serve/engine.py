@@ -155,7 +155,7 @@ class Engine:
     # -- the HTTP side -------------------------------------------------------------
 
     def start(self) -> None:
-        self._open_batch()  # a cache that cannot serve fails here, before any request
+        self.open_batch()  # a cache that cannot serve fails here, before any request
         self._thread.start()
 
     def check(self, prompt: list[int], settings: dict[str, Any]) -> GenerationConfig:
@@ -294,7 +294,7 @@ class Engine:
             self._finish(handle, "cancelled")
             return
         try:
-            batch = self._open_batch()
+            batch = self.open_batch()
             chain = dataclasses.replace(
                 handle.chain, cache=batch.chain.cache, cache_name=batch.chain.cache_name
             )
@@ -324,8 +324,9 @@ class Engine:
         order = self._batch.release(gone)
         rows[:] = [rows[i] for i in order]
 
-    def _open_batch(self) -> Generation:
-        """The open batch every row joins, over one KV cache for every row. Fused graphs:
+    def open_batch(self) -> Generation:
+        """The open batch every row joins, over one KV cache for every row (made once; a
+        cache that cannot serve is refused here, before any request). Fused graphs:
         ``slots`` for ``max_batch`` rows, positions grown by doubling as the longest row
         needs (only the rows in use are copied). Optimum graphs: ``concat_slots``, the
         batch's rows and columns as they are."""

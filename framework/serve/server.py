@@ -45,7 +45,9 @@ def main(args: argparse.Namespace) -> int:
         max_batch=args.max_batch,
         max_queue=args.max_queue,
         share_prefixes=not args.no_prefix_sharing,
+        cache=args.cache,  # (name, params) from --cache, or None: the built-in one
     )
+    engine.open_batch()  # a --cache that cannot serve a batch fails now, not at startup
     state = ServerState(
         gen,
         engine,

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from .api import TextGenerator
+    from ..api import TextGenerator
 
-EVAL_TEXT = Path(__file__).parent / "data" / "eval_text.txt"
+EVAL_TEXT = Path(__file__).parent.parent / "data" / "eval_text.txt"
 
 
 @dataclass

@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .bench import BenchSettings, run_bench
+from .speed import BenchSettings, run_bench
 
 #: the backend every other one is compared with: it holds every position as computed
 BASELINE = "dynamic"
@@ -55,7 +55,7 @@ def _add_quality(
     settings: BenchSettings, caches: list[dict[str, Any]], reports: list[dict[str, Any]]
 ) -> None:
     """Teacher-forced perplexity per backend and top-1 agreement with ``dynamic``."""
-    from .api import load
+    from ..api import load
     from .quality import eval_ids, score_tokens
 
     gen = load(settings.model, threads=settings.threads, spin_us=settings.spin_us)

@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .constraint_check import check_constraint
-from .errors import OrtgenError
-from .structured_output import parse_json_output
+from ..constraint_check import check_constraint
+from ..errors import OrtgenError
+from ..structured_output import parse_json_output
 
 __all__ = [
     "add_structured_flags",
@@ -103,12 +103,12 @@ def _read(path: str, flag: str, what: str) -> str:
 
 def _check_value(key: str, value: Any) -> None:
     """The value as the config reads it, then compiled: every problem before the model."""
-    from .config import resolve
+    from ..config import resolve
 
     check_constraint(key, getattr(resolve([("call", {key: value})]).config, key))
 
 
-def warn_if_not_json(config: Any, text: str, finish_reason: str) -> None:
+def warn_if_not_json(config: Any, text: str, finish_reason: str | None) -> None:
     """Under a JSON constraint, say on stderr when the answer printed is not whole JSON
     (cut by ``max_new_tokens``, say): the text alone does not show it, a parser downstream
     would only fail."""

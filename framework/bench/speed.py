@@ -4,7 +4,7 @@ Speed: load time, time to first token, prefill and decode tokens/s, per-token de
 latency (p50/p95), the share of decode time inside onnxruntime and the Python time per
 token around it. Memory: peak RSS and the KV cache's bytes. Output: the greedy tokens,
 and teacher-forced perplexity and top-1 agreement with a reference (fp32) model on a
-fixed text (``ortgen.quality``). Timings vary between machines and runs: compare ratios
+fixed text (``ortgen.bench.quality``). Timings vary between machines and runs: compare ratios
 measured in one run, never absolute figures from different days.
 """
 
@@ -72,7 +72,7 @@ def prompts_for(gen: Any, settings: BenchSettings) -> list[list[int]]:
 
 def run_bench(settings: BenchSettings) -> dict[str, Any]:
     """Measure one model folder; returns the report (the ``--json`` keys)."""
-    from .api import load
+    from ..api import load
 
     started = time.perf_counter()
     gen = load(settings.model, threads=settings.threads, spin_us=settings.spin_us)
@@ -142,7 +142,7 @@ def quality_report(
     gen: Any, reference: str | None, eval_tokens: int | None = None
 ) -> dict[str, Any]:
     """Perplexity on the evaluation text, and top-1 agreement with ``reference``'s."""
-    from .api import load
+    from ..api import load
     from .quality import eval_ids, score_tokens
 
     ids = eval_ids(gen)[:eval_tokens]
@@ -194,7 +194,7 @@ def _ms(seconds: float) -> float:
 
 
 def _variant(folder: Path) -> str | None:
-    from .export.variant import variant_name
-    from .manifest import read_manifest
+    from ..export.variant import variant_name
+    from ..manifest import read_manifest
 
     return variant_name((read_manifest(folder) or {}).get("variant"))

@@ -1,0 +1,123 @@
+"""Flags several ``ortgen`` commands share, and how they become generation settings."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING, Any
+
+from ..errors import OrtgenError
+from .structured import structured_settings
+
+if TYPE_CHECKING:
+    from ..api import TextGenerator
+
+SAMPLING_FLAGS = (
+    ("--max-new-tokens", "max_new_tokens", int),
+    ("--temperature", "temperature", float),
+    ("--top-k", "top_k", int),
+    ("--top-p", "top_p", float),
+    ("--seed", "seed", int),
+)
+
+
+def add_model_flags(parser: argparse.ArgumentParser, *, pipeline: bool = True) -> None:
+    """``-m/--model``, ``--threads``, ``--spin-us`` and (unless told not to) ``--pipeline``."""
+    parser.add_argument("-m", "--model", help="exported model folder (default: the built-in model)")
+    parser.add_argument("--threads", type=int, help="onnxruntime intra-op threads (default: cores)")
+    parser.add_argument(
+        "--spin-us",
+        type=int,
+        metavar="US",
+        help="microseconds an idle onnxruntime thread spins before it sleeps (0: never; "
+        "default: a short spin, see docs/cli.md)",
+    )
+    if pipeline:
+        add_pipeline_flag(parser)
+
+
+def add_pipeline_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--pipeline",
+        metavar="FILE",
+        help="pipeline file (TOML): the pipeline layer of the config, its model and plugins",
+    )
+
+
+def add_generation_flags(
+    parser: argparse.ArgumentParser, *, length: bool = True, cache: bool = True
+) -> None:
+    """The sampling flags, ``--cache``, ``--do-sample`` and ``--set KEY=VALUE``."""
+    for flag, dest, kind in SAMPLING_FLAGS:
+        if length or dest != "max_new_tokens":
+            parser.add_argument(flag, dest=dest, type=kind, default=None)
+    if cache:
+        parser.add_argument(
+            "--cache",
+            dest="cache_spec",
+            metavar="NAME[:key=value,...]",
+            help="KV cache backend, e.g. sliding_window:window=512,sink=4 (docs/caches.md)",
+        )
+    parser.add_argument(
+        "--do-sample",
+        dest="do_sample",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="sample instead of greedy decoding (default: the model's generation config)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any generation setting (JSON value), e.g. --set repetition_penalty=1.1",
+    )
+
+
+def settings_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The call layer of the config: the flags that were given, ``--set`` last."""
+    settings = {dest: getattr(args, dest, None) for _, dest, _ in SAMPLING_FLAGS}
+    settings["do_sample"] = args.do_sample
+    if getattr(args, "cache_spec", None):
+        settings["cache"] = cache_spec(args.cache_spec)
+    settings = {k: v for k, v in settings.items() if v is not None}
+    settings.update(structured_settings(args))  # --json-schema, --regex, ... (if any)
+    for item in args.settings:
+        key, value = key_value(item, f"--set takes KEY=VALUE, got {item!r}")
+        settings[key] = value
+    return settings
+
+
+def key_value(item: str, error: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` with VALUE read as JSON when it parses (``0.9``, ``[1, 2]``, ``true``)
+    and as a plain string otherwise; ``error`` is raised for anything else."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise OrtgenError(error)
+    try:
+        return key, json.loads(raw)
+    except json.JSONDecodeError:
+        return key, raw
+
+
+def cache_spec(text: str) -> dict[str, Any]:
+    """``NAME[:k=v,...]`` -> ``{"name": NAME, k: v, ...}`` (values parsed as JSON)."""
+    name, _, params = text.partition(":")
+    spec: dict[str, Any] = {"name": name}
+    for item in filter(None, params.split(",")):
+        key, value = key_value(item, f"--cache takes NAME[:key=value,...], got {text!r}")
+        spec[key] = value
+    return spec
+
+
+def load_generator(args: argparse.Namespace) -> TextGenerator:
+    """The model the flags name (``-m``, ``--pipeline``, threads)."""
+    from ..api import load
+
+    return load(
+        args.model,
+        threads=args.threads,
+        spin_us=args.spin_us,
+        pipeline=getattr(args, "pipeline", None),
+    )

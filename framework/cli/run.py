@@ -1,0 +1,100 @@
+"""``ortgen run PIPELINE --input FILE --output FILE``: a batch job over a file of rows."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import OrtgenError
+from ..pipeline import ENGINES
+from .args import add_generation_flags, add_model_flags, settings_of
+from .structured import add_structured_flags
+
+
+def add_command(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run a pipeline over a file of requests (JSONL or Parquet)")
+    p.add_argument("pipeline", metavar="PIPELINE", help="pipeline file (TOML)")
+    p.add_argument("--input", required=True, metavar="FILE", help="rows: JSONL or .parquet")
+    p.add_argument("--output", metavar="FILE", help="results: JSONL or .parquet (resumed)")
+    p.add_argument("--batch-size", type=int, help="rows per generate call (default: [run])")
+    p.add_argument("--engine", choices=ENGINES, help="where rows run (default: [run] engine)")
+    p.add_argument(
+        "--address", metavar="HOST:PORT", help="ray engine: the cluster to join ([run] address)"
+    )
+    p.add_argument(
+        "--workers", type=int, metavar="N", help="ray engine: actors ([run] workers, default 1)"
+    )
+    p.add_argument("--dry-run", action="store_true", help="check pipeline and rows; no model")
+    add_model_flags(p, pipeline=False)
+    add_generation_flags(p)
+    add_structured_flags(p)
+    p.set_defaults(func=cmd_run, one_shot=False)  # worker processes, files being written
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """A batch job over an input file; the flags win over the pipeline's [run] options.
+    Everything that can be checked without the model is checked before it loads."""
+    from ..jobs import run_job
+    from ..pipeline import load_pipeline
+
+    pipeline = load_pipeline(args.pipeline)
+    settings = settings_of(args)
+    batch_size = pipeline.run.batch_size if args.batch_size is None else args.batch_size
+    if batch_size < 1:
+        raise OrtgenError(f"--batch-size must be at least 1, got {batch_size}")
+    engine = args.engine or pipeline.run.engine
+    if engine != "ray" and (args.address is not None or args.workers is not None):
+        raise OrtgenError("--address and --workers are for the ray engine (--engine ray)")
+    if args.workers is not None and args.workers < 1:
+        raise OrtgenError(f"--workers must be at least 1, got {args.workers}")
+    address = args.address if args.address is not None else pipeline.run.address
+    workers = args.workers if args.workers is not None else pipeline.run.workers
+    if args.dry_run:
+        from ..jobs.dry_run import dry_run
+
+        lines, good = dry_run(pipeline, args.input, settings, model=args.model, engine=engine)
+        print("\n".join(lines))
+        return 0 if good else 2
+    if not args.output:
+        raise OrtgenError("ortgen run needs --output FILE (only --dry-run runs without one)")
+    if not Path(args.input).is_file():  # before the model loads, not after
+        raise OrtgenError(f"input file {args.input} does not exist")
+    job: Callable[..., Any]
+    if engine == "ray":  # the model loads on each worker, not here
+        from ..jobs.ray_engine import run_ray_job
+
+        job = functools.partial(
+            run_ray_job,
+            pipeline,
+            model=args.model,
+            address=address,
+            workers=workers,
+            threads=args.threads,
+            spin_us=args.spin_us,
+        )
+    else:
+        from ..api import load
+
+        gen = load(args.model, pipeline=pipeline, threads=args.threads, spin_us=args.spin_us)
+        job = functools.partial(run_job, gen)
+    try:
+        job(
+            args.input,
+            args.output,
+            batch_size=batch_size,
+            window=pipeline.run.window,
+            settings=settings,
+            progress=sys.stderr,
+        )
+    except KeyboardInterrupt:
+        print(
+            "\nortgen: interrupted; the rows done are in the output: run the same command "
+            "again to continue",
+            file=sys.stderr,
+        )
+        return 130
+    return 0

@@ -1,0 +1,46 @@
+"""``ortgen serve``: the model over an OpenAI-compatible HTTP API (``ortgen.serve``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import OrtgenError
+from .args import add_model_flags, cache_spec
+
+
+def add_command(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
+    add_model_flags(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free one)")
+    p.add_argument("--max-batch", type=int, default=8, help="rows decoded together (default 8)")
+    p.add_argument("--max-queue", type=int, default=64, help="rows waiting, then 429 (default 64)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' ($ORTGEN_API_KEY)")
+    p.add_argument("--grace", type=float, default=10.0, help="SIGTERM: seconds to finish (10)")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest body (1 MiB)")
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE", help="a plugin")
+    p.add_argument(
+        "--cache",
+        dest="cache_spec",
+        metavar="NAME[:key=value,...]",
+        help="the KV cache every row shares: a cache plugin with the RowSlots capability "
+        "(default: slots on fused graphs, concat_slots on optimum graphs)",
+    )
+    p.add_argument(
+        "--no-prefix-sharing",
+        action="store_true",
+        help="prefill every prompt whole, not from a prefix another request left",
+    )
+    p.set_defaults(func=cmd_serve, one_shot=False)  # a server: it drains, then exits
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from ..serve.server import main as serve
+    except ImportError as exc:
+        raise OrtgenError(f"ortgen serve needs {exc.name}: pip install 'ortgen[serve]'") from exc
+    args.cache = None
+    if args.cache_spec:
+        spec = cache_spec(args.cache_spec)
+        args.cache = (spec.pop("name"), spec)
+    return serve(args)
