@@ -24,21 +24,29 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
-from typing import Any
 
 import numpy as np
 
 from ortgen import Candidates, ConfigError, Register, hookimpl
 from ortgen.plugins._args import as_float, is_int
+from ortgen.plugins._cuts import (
+    NEG_INF,
+    check_min_tokens_to_keep,
+    closest,
+    cut_candidates,
+    errstate_unless,
+    f32,
+    few_kept,
+    fill,
+    on_present,
+    row_index,
+    row_max,
+    row_max_checked,
+    tiers,
+    top_k_few,
+)
 from ortgen.plugins._numeric import count_prefix
 
-_NEG_INF = np.float32(-np.inf)
-_NEG_INF_BITS = _NEG_INF.view(np.int32)
-# Candidate counts tried before falling back to a full sort of the vocabulary.
-_CANDIDATE_TIERS = (1024, 8192)
-# Columns whose maxima bound top-k's k-th value from below (see _top_k_few).
-_TOP_K_COLUMNS = 1024
 # A row this short is cut with Python floats (see TopPProcessor._cut_few).
 _FEW = 128
 
@@ -50,182 +58,6 @@ def register_logits_processors(register: Register) -> None:
     register("top_p", TopPProcessor)
     register("min_p", MinPProcessor)
     register("typical_p", TypicalPProcessor)
-
-
-# --- argument checks (messages follow transformers' own) ---------------------
-
-
-def _check_min_tokens_to_keep(value: Any) -> int:
-    if not is_int(value) or value < 1:
-        raise ConfigError(
-            f"`min_tokens_to_keep` has to be a positive integer (>= 1), but is {value!r}"
-        )
-    return int(value)
-
-
-# --- numeric helpers -----------------------------------------------------------
-
-
-def _f32(scores: np.ndarray) -> np.ndarray:
-    return np.asarray(scores, dtype=np.float32)
-
-
-def _fill(scores: np.ndarray, remove: np.ndarray, *, few_kept: bool = False) -> np.ndarray:
-    """A new array: ``scores`` with ``-inf`` where ``remove`` is True.
-
-    Same result as ``np.where(remove, -inf, scores)``. When the caller knows that
-    ``few_kept``, the kept scores are copied into a -inf array; otherwise the
-    select runs on the bit patterns without branches, as np.where takes ~6x
-    longer when the mask is irregular (a flat distribution cut in the middle).
-    """
-    if few_kept:
-        out = np.full_like(scores, _NEG_INF)
-        kept = np.flatnonzero(~remove)
-        out.reshape(-1)[kept] = scores.reshape(-1)[kept]
-        return out
-    bits = scores.view(np.int32)
-    select = -remove.view(np.int8).astype(np.int32)  # 0 keeps, -1 (all bits) replaces
-    out = np.bitwise_xor(bits, _NEG_INF_BITS)
-    out &= select
-    out ^= bits
-    return out.view(np.float32)
-
-
-def _few_kept(remove: np.ndarray) -> bool:
-    """Whether at most 1/8 of the scores survive ``remove`` (``_fill`` then scatters them),
-    counted: for a cut whose size is not known in advance."""
-    return bool(8 * (remove.size - np.count_nonzero(remove)) < remove.size)
-
-
-def _rows(batch: int) -> np.ndarray:
-    return np.arange(batch)[:, None]
-
-
-def _tiers(vocab: int, minimum: int) -> list[int]:
-    """Candidate counts to try, smallest first, ending with the whole vocabulary."""
-    return [m for m in _CANDIDATE_TIERS if minimum <= m < vocab] + [vocab]
-
-
-def _row_max_checked(scores: np.ndarray) -> tuple[np.ndarray, bool]:
-    """Per-row max (B, 1) and whether every row has a softmax (see ``_row_max``).
-
-    The check runs on Python floats: after top-k a warper's numpy calls on the
-    few packed scores cost more than their arithmetic, and one row is the
-    usual batch.
-    """
-    top = scores.max(axis=-1, keepdims=True)  # NaN propagates
-    return top, all(map(math.isfinite, top.ravel().tolist()))
-
-
-def _errstate_unless(all_valid: bool) -> AbstractContextManager[object]:
-    """Silence overflow / invalid warnings unless every row is valid.
-
-    In a valid row ``scores - max`` is <= 0 and the softmax total >= 1, so
-    nothing can overflow or be invalid, and numpy's error state (~1 us to set
-    and restore) is left alone.
-    """
-    return nullcontext() if all_valid else np.errstate(over="ignore", invalid="ignore")
-
-
-def _row_max(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-row max (B, 1) and whether the row has a softmax at all.
-
-    A row with a NaN, a +inf or only -inf has a NaN softmax in torch, and the
-    HF warpers then remove nothing from it.
-    """
-    top = scores.max(axis=-1, keepdims=True)  # NaN propagates
-    return top, np.isfinite(top[:, 0])
-
-
-def _on_present(
-    scores: np.ndarray, cut: Callable[[np.ndarray], tuple[np.ndarray, bool]]
-) -> np.ndarray:
-    """``scores`` with ``-inf`` where ``cut`` removes, decided on the present scores when few.
-
-    ``cut(scores)`` returns the ``remove`` mask and whether few scores are kept
-    (see ``_fill``). A -inf score stays -inf whatever a cut-off decides (see
-    ``Candidates.find``); np.partition is also slow on many equal values, which
-    packing avoids. The packed result is scattered straight into the output.
-    """
-    present = Candidates.find(scores)
-    if present is None:
-        remove, few_kept = cut(scores)
-        return _fill(scores, remove, few_kept=few_kept)
-    return present.dense_kept(cut(present.packed)[0])
-
-
-def _cut_candidates(
-    scores: np.ndarray | Candidates, remove: Callable[[np.ndarray], np.ndarray]
-) -> Candidates | None:
-    """A ``sparse`` method for a cut decided per row on the scores that are not ``-inf``:
-    ``remove(packed)`` on Candidates; None (be called dense) on dense scores."""
-    if not isinstance(scores, Candidates):
-        return None
-    return scores.keep(remove(scores.packed))
-
-
-def _top_k_few(scores: np.ndarray, k: int) -> tuple[Candidates, np.ndarray] | None:
-    """Top-k for ``8 * k < vocab`` without partitioning whole rows; None if the rows do not suit.
-
-    Same result as partitioning the whole row for its k-th value (~50 us at
-    49152, most of top-k's cost), for about half as much. Each row is viewed as
-    a (w, m) matrix, ``m >= 4k`` columns (``_TOP_K_COLUMNS``, 1024): the column
-    maxima are scores at distinct positions, so the k-th highest of them,
-    ``floor``, has at least k scores >= it and is at most the row's k-th value.
-    Only scores not below ``floor`` can be kept; on logits with k = 50 they are ~50 (a maximum of 48
-    scores is far out in the tail), so the k-th value is partitioned out of
-    them. Column maxima are a strided reduction over whole rows of the view,
-    ~4x cheaper than maxima of contiguous blocks, which numpy reduces one short
-    block at a time. (Comparing only the columns whose maximum reaches
-    ``floor`` reads less memory but takes more numpy calls, which cost more
-    here than a pass over the row.)
-
-    Returns the candidates and which of them to remove, or None when the
-    candidates are over 1/8 of the scores (many equal scores, a
-    sorted row: the full partition is then cheaper) or there is a NaN (np.partition
-    ranks it highest, as torch.topk does; a NaN k-th value keeps the whole row).
-    """
-    batch, vocab = scores.shape
-    columns = min(max(_TOP_K_COLUMNS, 4 * k), vocab // 2)  # >= 4k, as 8k < vocab
-    rows = vocab // columns  # the tail past rows * columns is in no column, which is fine
-    # (ufuncs and ndarray methods called directly: numpy's wrappers cost ~1 us a call,
-    # and this runs once per token)
-    maxima = np.maximum.reduce(scores[:, : rows * columns].reshape(batch, rows, columns), axis=1)
-    # a NaN (ranked highest, as by torch.topk) must be a candidate, which >= below
-    # would miss: a batch with one takes the full partition (max propagates NaN)
-    tail = scores[:, rows * columns :]
-    if math.isnan(np.maximum.reduce(maxima, axis=None)) or (tail.size and math.isnan(tail.max())):
-        return None
-    maxima.partition(columns - k, axis=-1)  # its own array
-    floor = maxima[:, columns - k, None]
-    flat = (scores >= floor).reshape(-1).nonzero()[0]
-    if flat.size * 8 > scores.size:
-        return None
-    present = Candidates.at(scores, flat)  # each row has >= k; the -inf padding ranks lowest
-    packed = present.packed
-    ranked = packed.copy()
-    ranked.partition(packed.shape[1] - k, axis=-1)
-    kth = ranked[:, packed.shape[1] - k, None]
-    if any(map(math.isnan, kth.ravel().tolist())):
-        return None
-    return present, packed < kth  # the scores outside are < floor <= kth
-
-
-def _closest(distance: np.ndarray, size: int) -> np.ndarray:
-    """Indices (B, n >= size) of each row's ``size`` smallest distances, or of all the
-    distances up to some bound that holds at least that many.
-
-    Either is a prefix of the row in distance order (ties at the bound included), which
-    is all typical-p's cut needs. One row with ``8 * size`` below its width goes through
-    ``_top_k_few`` on the negated distances (~0.3 ms less than np.argpartition over
-    49,152); otherwise, or if that declines, np.argpartition.
-    """
-    batch, vocab = distance.shape
-    if batch == 1 and 8 * size < vocab:
-        few = _top_k_few(-distance, size)
-        if few is not None:
-            return few[0].cols[None, :]  # every candidate: those >= the floor
-    return np.argpartition(distance, size - 1, axis=-1)[:, :size]
 
 
 # --- processors -----------------------------------------------------------------
@@ -243,7 +75,7 @@ class TemperatureProcessor:
         self.temperature = value
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        scores = _f32(scores)
+        scores = f32(scores)
         if self.temperature == 1.0:
             return scores.copy()
         return scores / self.temperature  # float32, divided by float32(temperature) as torch does
@@ -270,22 +102,22 @@ class TopKProcessor:
                 f"`top_k` has to be a strictly positive integer (or 0 to disable), but is {top_k!r}"
             )
         self.top_k = int(top_k)
-        self.min_tokens_to_keep = _check_min_tokens_to_keep(min_tokens_to_keep)
+        self.min_tokens_to_keep = check_min_tokens_to_keep(min_tokens_to_keep)
         self._k = max(self.top_k, self.min_tokens_to_keep) if self.top_k else 0
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        scores = _f32(scores)
+        scores = f32(scores)
         vocab = scores.shape[-1]
         k = min(self._k, vocab)
         if k == 0 or k == vocab:
             return scores.copy()
         if 8 * k < vocab:
-            few = _top_k_few(scores, k)
+            few = top_k_few(scores, k)
             if few is not None:
                 present, remove = few
                 return present.dense_kept(remove)
         kth = np.partition(scores, vocab - k, axis=-1)[:, vocab - k, None]
-        return _fill(scores, scores < kth, few_kept=8 * k < vocab)
+        return fill(scores, scores < kth, few_kept=8 * k < vocab)
 
     def sparse(self, input_ids: np.ndarray, scores: np.ndarray | Candidates) -> Candidates | None:
         """Top-k as Candidates: from dense scores when k is small against the vocabulary
@@ -300,15 +132,15 @@ class TopKProcessor:
                 return scores
             kth = np.partition(packed, width - k, axis=-1)[:, width - k, None]
             return scores.keep(packed < kth)
-        scores = _f32(scores)
+        scores = f32(scores)
         k = min(self._k, scores.shape[-1])
         if k == 0 or 8 * k >= scores.shape[-1]:
             return None
-        few = _top_k_few(scores, k)
+        few = top_k_few(scores, k)
         if few is None:
             return None
         present, remove = few
-        present.packed[remove] = _NEG_INF  # its own new array, not yet seen by anyone
+        present.packed[remove] = NEG_INF  # its own new array, not yet seen by anyone
         return present
 
 
@@ -328,20 +160,20 @@ class TopPProcessor:
         if not 0.0 <= value <= 1.0:
             raise ConfigError(f"`top_p` has to be {expected}, but is {top_p!r}")
         self.top_p = value
-        self.min_tokens_to_keep = _check_min_tokens_to_keep(min_tokens_to_keep)
+        self.min_tokens_to_keep = check_min_tokens_to_keep(min_tokens_to_keep)
         self._removes = _at_most_in_float32(1.0 - value)
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        scores = _f32(scores)
+        scores = f32(scores)
         if self.top_p == 1.0:
             return scores.copy()
-        return _on_present(scores, self._cut)
+        return on_present(scores, self._cut)
 
     def sparse(self, input_ids: np.ndarray, scores: np.ndarray | Candidates) -> Candidates | None:
         """The same cut on candidates."""
         if self.top_p == 1.0 and isinstance(scores, Candidates):
             return scores
-        return _cut_candidates(scores, lambda packed: self._cut(packed)[0])
+        return cut_candidates(scores, lambda packed: self._cut(packed)[0])
 
     def _cut(self, scores: np.ndarray) -> tuple[np.ndarray, bool]:
         batch, vocab = scores.shape
@@ -351,11 +183,11 @@ class TopPProcessor:
                 return few
         keep = min(self.min_tokens_to_keep, vocab)
         limit = np.float32(1.0 - self.top_p)  # torch compares in float32 too
-        top, all_valid = _row_max_checked(scores)
+        top, all_valid = row_max_checked(scores)
         valid = np.isfinite(top[:, 0]) if not all_valid else np.ones(0, dtype=bool)  # unused then
-        with _errstate_unless(all_valid):
+        with errstate_unless(all_valid):
             total = np.exp(scores - top).astype(np.float64).sum(axis=-1, keepdims=True)
-            for size in _tiers(vocab, keep + 1):
+            for size in tiers(vocab, keep + 1):
                 if size < vocab:
                     part = np.partition(scores, vocab - size, axis=-1)[:, vocab - size :]
                     probs = np.exp(part - top).astype(np.float64) / total
@@ -455,25 +287,25 @@ class MinPProcessor:
         if not 0.0 <= value <= 1.0:
             raise ConfigError(f"`min_p` has to be {expected}, but is {min_p!r}")
         self.min_p = value
-        self.min_tokens_to_keep = _check_min_tokens_to_keep(min_tokens_to_keep)
+        self.min_tokens_to_keep = check_min_tokens_to_keep(min_tokens_to_keep)
         self._log_min_p = math.log(value) if value > 0 else -math.inf
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        scores = _f32(scores)
+        scores = f32(scores)
         if self.min_p == 0.0:
             return scores.copy()
-        return _fill(scores, self._remove(scores))
+        return fill(scores, self._remove(scores))
 
     def sparse(self, input_ids: np.ndarray, scores: np.ndarray | Candidates) -> Candidates | None:
         """The same cut on candidates."""
         if self.min_p == 0.0 and isinstance(scores, Candidates):
             return scores
-        return _cut_candidates(scores, self._remove)
+        return cut_candidates(scores, self._remove)
 
     def _remove(self, scores: np.ndarray) -> np.ndarray:
         top = scores.max(axis=-1, keepdims=True)
         # NaN, +inf or all -inf in a row: HF's softmax is NaN there and removes nothing.
-        threshold = np.where(np.isfinite(top), top + np.float32(self._log_min_p), _NEG_INF)
+        threshold = np.where(np.isfinite(top), top + np.float32(self._log_min_p), NEG_INF)
         remove = scores < threshold
         keep = min(self.min_tokens_to_keep, scores.shape[-1])
         if keep > 1:  # the top token always survives, so only keep > 1 needs a fix-up
@@ -499,24 +331,24 @@ class TypicalPProcessor:
         if not 0.0 < value <= 1.0:
             raise ConfigError(f"`typical_p` has to be {expected}, but is {typical_p!r}")
         self.typical_p = value
-        self.min_tokens_to_keep = _check_min_tokens_to_keep(min_tokens_to_keep)
+        self.min_tokens_to_keep = check_min_tokens_to_keep(min_tokens_to_keep)
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        scores = _f32(scores)
+        scores = f32(scores)
         if self.typical_p == 1.0:
             return scores.copy()
-        return _on_present(scores, self._cut)
+        return on_present(scores, self._cut)
 
     def sparse(self, input_ids: np.ndarray, scores: np.ndarray | Candidates) -> Candidates | None:
         """The same cut on candidates."""
         if self.typical_p == 1.0 and isinstance(scores, Candidates):
             return scores
-        return _cut_candidates(scores, lambda packed: self._cut(packed)[0])
+        return cut_candidates(scores, lambda packed: self._cut(packed)[0])
 
     def _cut(self, scores: np.ndarray) -> tuple[np.ndarray, bool]:
         batch, vocab = scores.shape
         mass = np.float32(self.typical_p)
-        top, valid = _row_max(scores)
+        top, valid = row_max(scores)
         # -inf * 0 for removed tokens (skipped by nansum); NaN and overflow only in invalid rows
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             shifted = scores - top
@@ -529,10 +361,10 @@ class TypicalPProcessor:
             entropy = -entropy
             distance = np.abs(-log_probs - entropy)
 
-        rows = _rows(batch)
-        for size in _tiers(vocab, self.min_tokens_to_keep):
+        rows = row_index(batch)
+        for size in tiers(vocab, self.min_tokens_to_keep):
             if size < vocab:
-                cand = _closest(distance, size)
+                cand = closest(distance, size)
                 reached = probs[rows, cand].astype(np.float64).sum(axis=-1).astype(np.float32)
                 if not np.all((reached >= mass) | ~valid):
                     continue
@@ -547,4 +379,4 @@ class TypicalPProcessor:
         limit[~valid] = np.inf
         remove = distance > limit[:, None]
         remove[rows, cand[:, : self.min_tokens_to_keep]] = False
-        return remove, _few_kept(remove)
+        return remove, few_kept(remove)

@@ -24,8 +24,8 @@ import numpy as np
 
 from ortgen import Candidates, ConfigError, Register, hookimpl
 from ortgen.plugins._args import as_float
+from ortgen.plugins._cuts import check_min_tokens_to_keep, f32, few_kept, fill
 from ortgen.plugins._numeric import present_scores
-from ortgen.plugins.processors import _check_min_tokens_to_keep, _f32, _few_kept, _fill
 
 _F32_MIN = np.finfo(np.float32).min
 
@@ -92,11 +92,11 @@ class _Cutoff:
     min_tokens_to_keep: int
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        scores = _f32(scores)
+        scores = f32(scores)
         if self.epsilon == 0.0:
             return scores.copy()
         remove = _removed(scores, self._remove, self.min_tokens_to_keep)
-        return _fill(scores, remove, few_kept=_few_kept(remove))
+        return fill(scores, remove, few_kept=few_kept(remove))
 
     def sparse(self, input_ids: np.ndarray, scores: np.ndarray | Candidates) -> Candidates | None:
         """The same cut on candidates."""
@@ -118,7 +118,7 @@ class EpsilonCutoffProcessor(_Cutoff):
 
     def __init__(self, epsilon: float, min_tokens_to_keep: int = 1) -> None:
         self.epsilon = _check_epsilon("epsilon_cutoff", epsilon)
-        self.min_tokens_to_keep = _check_min_tokens_to_keep(min_tokens_to_keep)
+        self.min_tokens_to_keep = check_min_tokens_to_keep(min_tokens_to_keep)
 
     def _remove(self, values: np.ndarray) -> np.ndarray:
         return _softmax(values)[0] < np.float32(self.epsilon)
@@ -134,7 +134,7 @@ class EtaCutoffProcessor(_Cutoff):
 
     def __init__(self, epsilon: float, min_tokens_to_keep: int = 1) -> None:
         self.epsilon = _check_epsilon("eta_cutoff", epsilon)
-        self.min_tokens_to_keep = _check_min_tokens_to_keep(min_tokens_to_keep)
+        self.min_tokens_to_keep = check_min_tokens_to_keep(min_tokens_to_keep)
 
     def _remove(self, values: np.ndarray) -> np.ndarray:
         probs, shifted, total = _softmax(values)

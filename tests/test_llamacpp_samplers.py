@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from ortgen import ComponentError, ConfigError
+from ortgen.plugins import _dry as dry
 from ortgen.plugins import llamacpp as L
 from ortgen.plugins.samplers import MultinomialSampler
 from ortgen.testing import check_logits_processor, check_sampler, make_context
@@ -228,7 +229,7 @@ def test_dry_equals_llamacpp_on_random_contexts():
         }
         breakers = BREAKER_SETS[seed % len(BREAKER_SETS)]
         proc = L.DryProcessor(**params, sequence_breakers=[], ctx=ctx_for(vocab, batch))
-        proc.breakers = L.Breakers.from_sequences([(h, *t) for h, t in breakers])
+        proc.breakers = dry.Breakers.from_sequences([(h, *t) for h, t in breakers])
         out = check_logits_processor(proc, ids, scores)
         for row in range(batch):
             args = [v for v in params.values()]
@@ -265,7 +266,7 @@ def test_dry_breaker_limits_how_far_back_a_repeat_reaches():
     ids = np.array([[1, 2, 3, 9, 1, 2, 3]])
     plain = L.DryProcessor(1.0, 2.0, 2, -1, [], ctx=ctx_for(10))
     broken = L.DryProcessor(1.0, 2.0, 2, -1, [], ctx=ctx_for(10))
-    broken.breakers = L.Breakers.from_sequences([(9,)])
+    broken.breakers = dry.Breakers.from_sequences([(9,)])
     zeros = np.zeros((1, 10), np.float32)
     assert plain(ids, zeros)[0, 9] == -2.0  # "1 2 3" repeats: 9 is penalised
     assert broken(ids, zeros)[0, 9] == 0.0  # a one-token breaker is never penalised
@@ -292,7 +293,7 @@ def test_breaker_strings_become_token_sequences_as_in_llamacpp():
     assert proc.breakers.single.tolist() == sorted([v["\n"], v[":"], v["a:"]])
     want = {(v["#"], v["#Q"]), (v["x#"], v["#Q"]), (v["##"], v["#Q"]), (v["##"], v["Q"])}
     assert set(map(tuple, proc.breakers.longer[1].tolist())) == want
-    assert L.tokenize_breakers(tok, ("\n", ":", "##Q")) is proc.breakers  # cached
+    assert dry.tokenize_breakers(tok, ("\n", ":", "##Q")) is proc.breakers  # cached
 
 
 def test_breaker_strings_need_a_tokenizer():

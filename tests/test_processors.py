@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from ortgen import ConfigError
+from ortgen.plugins import _cuts as cuts
 from ortgen.plugins import _numeric as N
 from ortgen.plugins import processors as P
 
@@ -224,7 +225,7 @@ def test_top_k_few_candidates_path_matches_hf(vocab, batch, k):
     rng = np.random.default_rng(vocab + k)
     scores = logit_rows(rng, batch, vocab)
     if vocab >= 4096:  # on short rows the path may decline (too many candidates)
-        assert P._top_k_few(scores, k) is not None  # the path under test is taken
+        assert cuts.top_k_few(scores, k) is not None  # the path under test is taken
     ours = P.TopKProcessor(k)(IDS, scores)
     assert_same(ours, hf_apply(hf.TopKLogitsWarper(k), scores))
 
@@ -236,7 +237,7 @@ def test_top_k_few_candidates_keep_every_tie_at_the_kth_value():
         order = np.argsort(scores[row])[::-1]
         scores[row, order[44:51]] = scores[row, order[47]]
     ours = P.TopKProcessor(50)(IDS, scores)
-    assert P._top_k_few(scores, 50) is not None
+    assert cuts.top_k_few(scores, 50) is not None
     assert (np.isfinite(ours).sum(axis=-1) == 51).all()  # 44 above + 7 tied
     assert_same(ours, hf_apply(hf.TopKLogitsWarper(50), scores))
 
