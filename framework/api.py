@@ -62,13 +62,19 @@ class TextGenerator:
         disable_plugins: Iterable[str] = (),
         pipeline: Pipeline | None = None,
         plugin_manager: pluggy.PluginManager | None = None,
+        model: ExportedModel | None = None,
     ) -> None:
+        """``model``: a stand-in for the folder's graph (``ortgen.testing.FakeModel``, so
+        a cache can be tested without the export stack); the folder still gives the
+        tokenizer and the model layers of the config, if it has them."""
         self.path = Path(path)
         self.pipeline = pipeline  # its settings are the pipeline layer of every call
         # the tokenizer first: parsing tokenizer.json briefly needs memory that is freed
         # again, and before the session loads that peak stays below the final RSS
         self.tokenizer: Tokenizer | None = load_tokenizer(self.path)
-        self.model = ExportedModel(self.path, threads=threads, spinning=spinning, spin_us=spin_us)
+        self.model = model or ExportedModel(
+            self.path, threads=threads, spinning=spinning, spin_us=spin_us
+        )
         #: ``load()`` passes the manager it checked the pipeline with: one per generator
         self.plugin_manager = plugin_manager or make_plugin_manager(
             disable=disable_plugins, extra=plugins

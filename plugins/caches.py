@@ -98,6 +98,7 @@ class StaticCache:
         self._length = 0
         self._pending = 0  # positions the forward being run will leave (set by outputs())
         self._current = 0  # which of the two concat buffers holds the past (_allocate)
+        self._selected: int | None = None  # the row select() exposes (shared graphs)
         self._allocate(self._capacity)
 
     # -- the protocol ----------------------------------------------------------------
@@ -179,6 +180,7 @@ class StaticCache:
         """
         if not self._shared:
             raise ValueError("row selection exists only for shared-buffer graphs")
+        self._selected = row
         if row is None:
             self._expose(self._all_values)
         else:
@@ -194,7 +196,7 @@ class StaticCache:
         if self._shared:
             self._buffers = [np.zeros(shape, self._dtype) for _ in self._names]
             self._all_values = [ort.OrtValue.ortvalue_from_numpy(b) for b in self._buffers]
-            self._expose(self._all_values)
+            self.select(self._selected)  # a row selected before growing stays selected
         else:  # two flat halves per tensor; views of their prefix take any length
             size = int(np.prod(shape))
             self._flat = [[np.zeros(size, self._dtype) for _ in range(2)] for _ in self._names]

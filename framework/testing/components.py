@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from .candidates import Candidates
-from .config import GenerationConfig
-from .errors import ComponentError
-from .loop.component_checks import check_candidates, check_ids, check_scores, check_stop
-from .protocols import GenerationContext, LogitsProcessor, Sampler, StoppingCriterion
+from ..candidates import Candidates
+from ..config import GenerationConfig
+from ..errors import ComponentError
+from ..loop.component_checks import check_candidates, check_ids, check_scores, check_stop
+from ..protocols import GenerationContext, LogitsProcessor, Sampler, StoppingCriterion
 
 
 def make_context(

@@ -1,0 +1,30 @@
+"""Helpers for testing a plugin without a model: a request context, the loop's own
+contract checks for processors, samplers and stopping criteria, and for KV caches a
+numpy stand-in model and scenarios run through the real loop.
+
+    from ortgen.testing import check_kv_cache, check_logits_processor, make_context
+    out = check_logits_processor(MyProcessor(alpha=0.5, ctx=make_context(vocab_size=64)))
+    report = check_kv_cache(MyCache, layout="concat")  # each scenario against 'dynamic'
+"""
+
+from .components import (
+    check_logits_processor,
+    check_sampler,
+    check_sparse,
+    check_stopping_criterion,
+    make_context,
+    sample_inputs,
+)
+from .fake_model import FakeModel
+from .kv_cache import check_kv_cache
+
+__all__ = [
+    "FakeModel",
+    "check_kv_cache",
+    "check_logits_processor",
+    "check_sampler",
+    "check_sparse",
+    "check_stopping_criterion",
+    "make_context",
+    "sample_inputs",
+]
