@@ -86,19 +86,13 @@ class SlotCache(StaticCache):
         if not isinstance(share, bool):
             raise ValueError(f"share must be true or false, got {share!r}")
         self._held: list[tuple[int, ...]] = [()] * ctx.batch_size
+        self.active = 0  # before the buffers: allocating exposes the active rows
         super().__init__(ctx=ctx, capacity=capacity)
         if not self._shared:
             raise ValueError(
                 "the slots cache is for shared-buffer (fused) graphs; use concat_slots"
             )
         self.share = share
-        self.active = 0
-        self.select(None)
-
-    def _allocate(self, capacity: int) -> None:
-        super()._allocate(capacity)
-        if hasattr(self, "active"):  # grown: expose the active rows of the new buffers
-            self.select(None)
 
     def _grow(self, needed: int) -> None:
         """Double the positions, copying only the rows in use: the free rows' pages
@@ -115,7 +109,8 @@ class SlotCache(StaticCache):
         ]
 
     def select(self, row: int | None) -> None:
-        if row is None:
+        if row is None:  # the active rows, not every slot
+            self._selected = None
             self._expose(
                 [ort.OrtValue.ortvalue_from_numpy(b[: self.active]) for b in self._buffers]
             )
