@@ -19,8 +19,9 @@ MANIFEST_NAME = "ortgen_manifest.json"
 #: 4: precision ``gguf`` takes its Q4_1 block sums from MatMulNBits rows, and its tied
 #: embedding gathers from the LM head's weight without a Reshape (changed graphs);
 #: 5: fused graphs give the embedding lookup its own table and split a MatMulNBits LM head
-#: in parts (``head_layout``); 6: so do fused fp32 graphs (a float MatMul head, cut along N).
-MANIFEST_FORMAT = 6
+#: in parts (``head_layout``); 6: so do fused fp32 graphs (a float MatMul head, cut along N);
+#: 7: fused graphs take ``logits_to_keep`` (the last positions the LM head computes).
+MANIFEST_FORMAT = 7
 
 
 def read_manifest(folder: str | Path) -> dict[str, Any] | None:

@@ -34,6 +34,10 @@ from .jsonfile import read_json_object
 
 MODEL_FILE = "model.onnx"
 GENAI_CONFIG = "genai_config.json"
+#: the input of a pruned LM head (fused exports): how many of the last fed positions get
+#: logits, as Hugging Face's ``logits_to_keep``; 1 for prefill and decode, K + 1 to verify
+#: K drafted tokens in one forward
+KEEP_INPUT = "logits_to_keep"
 _GENAI_MODEL_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "vocab_size")
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 _PRESENT = re.compile(r"^present\.(\d+)\.(key|value)$")
@@ -55,6 +59,9 @@ class GraphSignature:
     has_position_ids: bool
     has_attention_mask: bool
     kv_layout: str = "concat"  # "concat" (optimum) or "shared" (fused, GroupQueryAttention)
+    #: the graph takes ``logits_to_keep`` (fused exports): logits for only the last that
+    #: many positions; without it a graph returns logits for every fed position
+    keeps_logits: bool = False
 
     @property
     def shared_kv(self) -> bool:
@@ -118,6 +125,7 @@ def read_signature(session: ort.InferenceSession, path: Path) -> GraphSignature:
         has_position_ids="position_ids" in inputs,
         has_attention_mask="attention_mask" in inputs,
         kv_layout="shared" if shared else "concat",
+        keeps_logits=KEEP_INPUT in inputs,
     )
 
 
@@ -250,6 +258,8 @@ class ExportedModel:
         position_ids: np.ndarray | None,
         past: dict[str, Any],
         presents: list[ort.OrtValue] | None = None,
+        *,
+        keep: int = 1,
     ) -> tuple[np.ndarray, list[Any]]:
         """One forward through a binding of its own (see ``ForwardBinding.forward``).
 
@@ -257,7 +267,8 @@ class ExportedModel:
         one ``binding()`` so that what stays bound is not bound again each step. The
         logits are the caller's: nothing else writes into them.
         """
-        return ForwardBinding(self).forward(input_ids, attention_mask, position_ids, past, presents)
+        binding = ForwardBinding(self)
+        return binding.forward(input_ids, attention_mask, position_ids, past, presents, keep=keep)
 
 
 class ForwardBinding:
@@ -284,6 +295,8 @@ class ForwardBinding:
         self._bound_logits: ort.OrtValue | None = None  # the logits buffer bound last
         self._bound_ids: np.ndarray | None = None  # the decode input_ids buffer, while bound
         self._running = Exclusive(f"a forward binding of {model.path}")
+        self._bound_keep = 0  # the logits_to_keep bound last (0: none yet)
+        self._keep_value: np.ndarray | None = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> ForwardBinding:
         """A copy of a request (``Generation.fork``) binds its own buffers."""
@@ -296,18 +309,22 @@ class ForwardBinding:
         position_ids: np.ndarray | None,
         past: dict[str, Any],
         presents: list[ort.OrtValue] | None = None,
+        *,
+        keep: int = 1,
     ) -> tuple[np.ndarray, list[Any]]:
         """Run one forward over ``input_ids`` (B, T); returns logits and the presents.
 
-        The logits are (B, T, V), or (B, 1, V) when the graph keeps only the last
-        position (fused exports prune the LM head). For decode (T = 1) they are a view
-        of this binding's buffer, which its next decode forward overwrites: copy what
-        must outlive it. ``past`` maps past input names to arrays or OrtValues;
-        ``presents`` are output buffers to write into (a static cache's), or None to
-        let onnxruntime allocate them. Unchanged past/present buffers are not bound
-        again.
+        The logits are (B, T, V), or (B, keep, V) when the graph computes only the last
+        ``keep`` positions (fused exports prune the LM head: ``logits_to_keep``). For
+        decode (T = 1) they are a view of this binding's buffer, which its next decode
+        forward overwrites: copy what must outlive it. ``past`` maps past input names to
+        arrays or OrtValues; ``presents`` are output buffers to write into (a static
+        cache's), or None to let onnxruntime allocate them. Unchanged past/present
+        buffers are not bound again.
         """
         with self._running.hold("forward"):
+            if self._signature.keeps_logits:
+                self._bind_keep(keep)
             return self._forward(input_ids, attention_mask, position_ids, past, presents)
 
     def _forward(
@@ -354,6 +371,14 @@ class ForwardBinding:
         outputs = binding.get_outputs()  # in binding order: logits first
         logits = logits_view if logits_view is not None else outputs[0].numpy()
         return logits, (presents if presents is not None else list(outputs[1:]))
+
+    def _bind_keep(self, keep: int) -> None:
+        """``logits_to_keep``, bound again only when it changes (decode: never)."""
+        if keep != self._bound_keep:
+            value = np.asarray([keep], dtype=np.int64)
+            self._binding.bind_ortvalue_input(KEEP_INPUT, ort.OrtValue.ortvalue_from_numpy(value))
+            self._keep_value = value  # the OrtValue views it: keep it alive while bound
+            self._bound_keep = keep
 
     def _decode_ids(self, batch: int) -> np.ndarray:
         """The (B, 1) int64 array bound as ``input_ids`` for decode steps, bound once:

@@ -63,6 +63,27 @@ def test_fused_prefill_returns_only_the_last_position(fused) -> None:
     assert logits.shape == (1, 1, gen.model.signature.vocab_size)
 
 
+def test_fused_graph_gives_the_last_logits_to_keep_positions(fused) -> None:
+    """``logits_to_keep`` (as Hugging Face's): K + 1 positions of logits in one forward,
+    what verifying K drafted tokens needs; each equals transformers' at that position."""
+    import torch
+
+    _arch, hf, gen = fused
+    assert gen.model.signature.keeps_logits
+    prompt = PROMPTS[2]
+    with torch.no_grad():
+        want = hf(torch.tensor([prompt])).logits[0].numpy()
+    for keep in (1, 4, len(prompt)):
+        state = gen.start(prompt, max_new_tokens=1)
+        cache = state.chain.cache
+        ids = np.asarray([prompt], dtype=np.int64)
+        logits, _ = gen.model.forward(
+            ids, np.ones_like(ids), None, cache.inputs(), cache.outputs(ids.shape[1]), keep=keep
+        )
+        assert logits.shape == (1, keep, gen.model.signature.vocab_size)
+        np.testing.assert_allclose(logits[0], want[-keep:], atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("cache", ["static", "dynamic"])
 def test_fused_greedy_equals_transformers_alone(fused, cache: str) -> None:
     _arch, hf, gen = fused

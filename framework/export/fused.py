@@ -22,6 +22,7 @@ from unittest import mock
 
 from ..errors import ExportError
 from ..jsonfile import read_json_object
+from ..model import KEEP_INPUT
 from .quiet import quiet
 from .variant import Variant
 
@@ -132,11 +133,12 @@ def _no_processing(*_args, **_kwargs) -> None:
 
 
 def prune_lm_head(graph: Path) -> None:
-    """Feed the LM head only the last position: logits become (B, 1, V) at every step.
+    """Feed the LM head only the last ``logits_to_keep`` positions: (B, keep, V) logits.
 
     Prefill then computes one row of logits instead of one per prompt token (the LM head
-    of a small model is a large share of its weights), and the loop only ever samples
-    from the last position. The weights file is untouched.
+    of a small model is a large share of its weights), and a decode step one; verifying
+    K drafted tokens asks for K + 1 (speculative decoding), in the same forward. The
+    input is a (1,) int64 tensor; the weights file is untouched.
     """
     import onnx
     from onnx import TensorProto, helper
@@ -157,20 +159,21 @@ def prune_lm_head(graph: Path) -> None:
     hidden = matmul_heads[0].input[0]
     if producers.get(hidden) is not None and producers[hidden].op_type == "Slice":
         return  # already pruned
-    last = f"{hidden}/last_position"
-    constants = {
-        "starts": -1,
-        "ends": 2**62,
-        "axes": 1,
-    }
+    last = f"{hidden}/last_positions"
+    model.graph.input.append(helper.make_tensor_value_info(KEEP_INPUT, TensorProto.INT64, [1]))
     names = []
-    for key, value in constants.items():
+    for key, value in (("ends", 2**62), ("axes", 1)):
         name = f"{last}/{key}"
         model.graph.initializer.append(helper.make_tensor(name, TensorProto.INT64, [1], [value]))
         names.append(name)
-    slice_node = helper.make_node("Slice", [hidden, *names], [last], name=f"{last}/Slice")
+    starts = f"{last}/starts"
+    nodes = [
+        helper.make_node("Neg", [KEEP_INPUT], [starts], name=f"{last}/Neg"),
+        helper.make_node("Slice", [hidden, starts, *names], [last], name=f"{last}/Slice"),
+    ]
     for part in matmul_heads:
         part.input[0] = last
     index = min(list(model.graph.node).index(part) for part in matmul_heads)
-    model.graph.node.insert(index, slice_node)
+    for offset, node in enumerate(nodes):
+        model.graph.node.insert(index + offset, node)
     onnx.save(model, str(graph))

@@ -17,6 +17,7 @@ the message and the problem instead.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -72,8 +73,13 @@ class ChatTemplate:
         self.source = source
         self._owner = owner
         self._compiled: Any = None
-        #: how the template reads a message's content (``content_format``)
-        self.content_format: ContentFormat = detect_content_format(source)
+
+    @functools.cached_property
+    def content_format(self) -> ContentFormat:
+        """How the template reads a message's content (``content_format``), found on first
+        use: parsing the template imports jinja2, which a model that is never asked to
+        chat need not load (~6 MB and its import time at start)."""
+        return detect_content_format(self.source)
 
     def render(
         self,
