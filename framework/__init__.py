@@ -24,6 +24,7 @@ from .errors import (
 )
 from .hookspecs import Register, hookimpl
 from .protocols import (
+    Drafter,
     FeedsMask,
     FollowsTokens,
     ForcesTokens,
@@ -95,6 +96,7 @@ __all__ = [
     "Candidates",
     "ComponentError",
     "ConfigError",
+    "Drafter",
     "ExportError",
     "FeedsMask",
     "FollowsTokens",

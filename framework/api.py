@@ -147,6 +147,8 @@ class TextGenerator:
             exc.partial = output_of(state, single, stats)
             raise
         stats["total_s"] = time.perf_counter() - started
+        if state.chain.drafter is not None:  # drafted, accepted, verify_forwards, rate
+            stats.update({k: float(v) for k, v in state.speculation_stats().items()})
         return output_of(state, single, stats)
 
     def stream(

@@ -128,6 +128,19 @@ def processor_specs(config: GenerationConfig, ctx: GenerationContext | None = No
     return specs
 
 
+def drafter_spec(config: GenerationConfig) -> Spec | None:
+    """The drafter for speculative decoding: ``drafter`` as given, or ``prompt_lookup``
+    from Hugging Face's ``prompt_lookup_num_tokens``; None: no speculation."""
+    if config.drafter:
+        return _explicit((config.drafter,))[0]
+    if config.prompt_lookup_num_tokens:
+        params = {"num_tokens": config.prompt_lookup_num_tokens}
+        if config.max_matching_ngram_size is not None:
+            params["max_ngram"] = config.max_matching_ngram_size
+        return "prompt_lookup", params
+    return None
+
+
 def sampler_spec(config: GenerationConfig) -> Spec:
     if config.sampler:
         return _explicit((config.sampler,))[0]
@@ -192,7 +205,9 @@ def build_chain(
         return name, registry.create(kind, name, params, ctx)
 
     cache_name, cache_backend = cache or create("kv_cache", cache_spec(config, ctx))
+    drafter = drafter_spec(config)
     return Chain(
+        drafter=create("drafter", drafter) if drafter is not None else None,
         processors=[create("logits_processor", s) for s in processor_specs(config, ctx)],
         sampler=create("sampler", sampler_spec(config)),
         stopping=[create("stopping_criterion", s) for s in stopping_specs(config, ctx.max_length)],

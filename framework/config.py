@@ -71,8 +71,6 @@ UNSUPPORTED_HF_FIELDS: dict[str, tuple[Any, str]] = {
     "token_healing": (False, "token healing is not implemented"),
     "top_h": (None, "top-H sampling is not implemented"),
     "is_assistant": (False, _ASSISTED),
-    "prompt_lookup_num_tokens": (None, _ASSISTED),
-    "max_matching_ngram_size": (None, _ASSISTED),
     "num_assistant_tokens": (20, _ASSISTED),
     "num_assistant_tokens_schedule": ("constant", _ASSISTED),
     "assistant_confidence_threshold": (0.4, _ASSISTED),
@@ -161,6 +159,10 @@ class GenerationConfig:
     seed: int | None = None
     cache: Mapping[str, Any] | None = None  # None: the graph's own default (see chain.py)
     sampler: Mapping[str, Any] | None = None
+    # speculative decoding: a drafter proposes tokens, one forward verifies them
+    prompt_lookup_num_tokens: int | None = None  # Hugging Face's: drafts from the text so far
+    max_matching_ngram_size: int | None = None  # the longest n-gram prompt lookup matches
+    drafter: Mapping[str, Any] | None = None  # any registered drafter, by name or table
     logits_processors: tuple[Mapping[str, Any], ...] = ()
     stopping_criteria: tuple[Mapping[str, Any], ...] = ()
 

@@ -36,6 +36,8 @@ INT_FIELDS = frozenset(
         "dry_penalty_last_n",
         "mirostat",
         "top_logprobs",
+        "prompt_lookup_num_tokens",
+        "max_matching_ngram_size",
     }
 )
 FLOAT_FIELDS = frozenset(
@@ -115,7 +117,7 @@ def normalise(key: str, value: Any) -> Any:
         if not all(isinstance(s, str) and s for s in strings):
             raise TypeError("a non-empty string or a list of non-empty strings")
         return tuple(strings)
-    if key in ("cache", "sampler"):
+    if key in ("cache", "sampler", "drafter"):
         return component_spec(value)
     if key in structured_settings.CONSTRAINT_FIELDS:
         return structured_settings.normalise(key, value)
@@ -222,6 +224,20 @@ def validate(config: GenerationConfig) -> list[str]:
         f"max_new_tokens must be > 0, got {c.max_new_tokens}",
     )
     need(c.max_length is None or c.max_length > 0, f"max_length must be > 0, got {c.max_length}")
+    need(
+        c.prompt_lookup_num_tokens is None or c.prompt_lookup_num_tokens > 0,
+        f"prompt_lookup_num_tokens must be > 0 (null: no prompt lookup), "
+        f"got {c.prompt_lookup_num_tokens}",
+    )
+    need(
+        c.max_matching_ngram_size is None or c.max_matching_ngram_size >= 2,
+        "max_matching_ngram_size must be >= 2 (one-token matches draft too often to pay), "
+        f"got {c.max_matching_ngram_size}",
+    )
+    need(
+        c.drafter is None or c.prompt_lookup_num_tokens is None,
+        "set prompt_lookup_num_tokens or drafter, not both",
+    )
     need(
         c.max_new_tokens is not None or c.max_length is not None,
         "set max_new_tokens or max_length: without either, generation has no end",

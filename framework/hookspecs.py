@@ -62,3 +62,9 @@ def register_stopping_criteria(register: Register) -> None:
 @hookspec
 def register_kv_caches(register: Register) -> None:
     """Register KV-cache backend factories (see :class:`ortgen.KVCache`)."""
+
+
+@hookspec
+def register_drafters(register: Register) -> None:
+    """Register drafter factories (speculative decoding, see :class:`ortgen.Drafter`): a
+    drafter proposes the next tokens of a row, and one forward verifies them."""

@@ -244,6 +244,23 @@ class RowSlots(Protocol):
 
 
 @runtime_checkable
+class Drafter(Protocol):
+    """Proposes the next tokens of one row (speculative decoding).
+
+    ``draft(tokens, limit)`` gets the row's tokens so far (prompt and generated, 1-D
+    int64, no padding; a view: do not write) and returns at most ``limit`` token ids it
+    expects next (empty: no guess). The loop feeds them after the row's newest token in
+    one forward, samples the model at each position as it would without drafts, keeps
+    the drafts up to the first one the model did not pick plus the model's own token
+    there, and forgets the rest: output is exactly what decoding without drafts gives.
+    Optional: ``accepted(drafted, kept)`` after each verification, for a drafter that
+    adapts how many tokens it proposes.
+    """
+
+    def draft(self, tokens: np.ndarray, limit: int) -> Sequence[int]: ...
+
+
+@runtime_checkable
 class LiftsContext(Protocol):
     """Optional capability of a KV-cache *factory* (what ``register`` is given, not the
     cache it makes): a cache that keeps positions within a window lets a request run

@@ -22,6 +22,7 @@ KINDS: dict[str, str] = {
     "sampler": "register_samplers",
     "stopping_criterion": "register_stopping_criteria",
     "kv_cache": "register_kv_caches",
+    "drafter": "register_drafters",
 }
 
 

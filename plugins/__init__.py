@@ -18,4 +18,5 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "ortgen.plugins.kv_quantized",
     "ortgen.plugins.kv_prefix",
     "ortgen.plugins.kv_slots",
+    "ortgen.plugins.drafters",
 )

@@ -331,7 +331,8 @@ def test_plugins_text_lists_every_component_with_its_plugin() -> None:
     as_json = run("plugins", "--json")
     assert text.returncode == as_json.returncode == 0
     report = json.loads(as_json.stdout)
-    assert list(report) == ["logits_processor", "sampler", "stopping_criterion", "kv_cache"]
+    kinds = ["logits_processor", "sampler", "stopping_criterion", "kv_cache", "drafter"]
+    assert list(report) == kinds
     expected = []
     for kind, entries in report.items():
         expected.append(f"{kind}:")

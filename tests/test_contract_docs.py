@@ -52,7 +52,7 @@ def test_there_are_protocols_to_check() -> None:
 def test_each_protocol_is_exported_and_documented_with_its_members(protocol: type) -> None:
     assert getattr(ortgen, protocol.__name__, None) is protocol, "not exported from ortgen"
     assert _documented(protocol.__name__) or (protocol.__name__ in {
-        "LogitsProcessor", "Sampler", "StoppingCriterion", "KVCache",
+        "LogitsProcessor", "Sampler", "StoppingCriterion", "KVCache", "Drafter",
     } and f"ortgen.{protocol.__name__}" in GUIDE)  # fmt: skip
     missing = [m for m in _members(protocol) if not _documented(m)]
     assert not missing, f"{protocol.__name__}: {missing} not in docs/plugins.md"

@@ -76,6 +76,7 @@ class Admission(StepFields):
         state.shared_prefills = 0
         state.reused_tokens = 0
         state._init_following()
+        state._init_speculation()
         return state
 
     def admit(self, prompt: Sequence[int], chain: Chain) -> int:

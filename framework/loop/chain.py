@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..protocols import (
+    Drafter,
     FollowsTokens,
     ForcesTokens,
     KVCache,
@@ -47,6 +48,8 @@ class Chain:
     preparers: list[tuple[str, Any]] = field(default_factory=list)
     #: the sampler, when it is a search strategy (beam search: it moves rows)
     search: SearchStrategy | None = None
+    #: proposes the next tokens of a row; one forward verifies them (speculative decoding)
+    drafter: tuple[str, Drafter] | None = None
 
     def __post_init__(self) -> None:
         components = [*self.processors, self.sampler, *self.stopping]

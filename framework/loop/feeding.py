@@ -99,13 +99,16 @@ class Feeding(StepFields):
                     self.rows.reused[:] = 0  # prefilled: from now on every row's cache is complete
                 return logits[:, -1, :]
 
-    def _forward_chunk(self, start: int, end: int) -> np.ndarray:
+    def _forward_chunk(self, start: int, end: int, keep: int = 1) -> np.ndarray:
+        """Feed columns [start, end); logits of the last ``keep`` positions at least (a
+        graph with ``logits_to_keep`` gives exactly those, others every fed position)."""
         if self._by_rows(start, end):
             return self._forward_rows(start, end)
         positions = None
         if self.model.signature.has_position_ids:
             positions = self._positions(start, end)
-        return self._run(self.rows.ids[:, start:end], self.rows.mask[:, :end], positions)
+        ids, mask = self.rows.ids[:, start:end], self.rows.mask[:, :end]
+        return self._run(ids, mask, positions, keep)
 
     def _by_rows(self, start: int, end: int) -> bool:
         """Whether positions [start, end) go row by row: on a shared-buffer graph, for
@@ -168,7 +171,9 @@ class Feeding(StepFields):
             positions = np.arange(first - pad, end - pad, dtype=np.int64)[None]
         return self._run(self.rows.ids[row : row + 1, first:end], mask, positions)
 
-    def _run(self, input_ids: np.ndarray, mask: np.ndarray, positions: np.ndarray | None):
+    def _run(
+        self, input_ids: np.ndarray, mask: np.ndarray, positions: np.ndarray | None, keep: int = 1
+    ) -> np.ndarray:
         """One forward: past (and present buffers, if the cache owns them) from the cache.
 
         The present buffers are asked for first: a cache that must grow to hold the
@@ -179,7 +184,9 @@ class Feeding(StepFields):
         presents = self._cache_call("outputs", mask.shape[1]) if self._cache_outputs else None
         past = self._cache_call("inputs")
         try:
-            logits, presents = self._binding.forward(input_ids, mask, positions, past, presents)
+            logits, presents = self._binding.forward(
+                input_ids, mask, positions, past, presents, keep=keep
+            )
         except Exception as exc:  # onnxruntime rejects what the cache fed, typically
             raise ComponentError(
                 f"model forward failed at step {self.steps} with kv cache "

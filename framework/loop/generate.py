@@ -37,10 +37,11 @@ from .feeding import PREFILL_CHUNK, Feeding
 from .following import Following
 from .picking import Picking
 from .rows import RowState
+from .speculating import Speculating
 from .step_record import StepRecord
 
 
-class Generation(Feeding, Following, Picking, Continuing, Admission):
+class Generation(Feeding, Following, Picking, Speculating, Continuing, Admission):
     """One request's sequences and cache, advanced one token per row per ``step()``."""
 
     def __init__(
@@ -83,6 +84,8 @@ class Generation(Feeding, Following, Picking, Continuing, Admission):
         self._new_texts()
         self.record = StepRecord(len(prompts), max_length, **chain.record)
         self._init_following()
+        self._init_speculation()
+        self._check_speculation()
 
     def _setup(
         self,
@@ -203,6 +206,9 @@ class Generation(Feeding, Following, Picking, Continuing, Admission):
             self.reserve(self.length + 2)
         failed: list[ComponentError] = []
         forced = self._forced_column()  # tokens a component knows for certain, if any
+        drafts = self._drafts(forced)  # tokens a drafter guesses (speculating.py)
+        if drafts:
+            return self._speculate(drafts, failed)
         logits: np.ndarray | None
         scores: np.ndarray | Candidates
         if forced is not None and self._skips_forward(forced):  # fed with the next step's
@@ -215,6 +221,22 @@ class Generation(Feeding, Following, Picking, Continuing, Admission):
             if self._open:
                 return next_ids
             raise failed[0]
+        next_ids = self._commit(next_ids, logits, scores, forced, failed)
+        self._finish_step(failed)
+        return next_ids
+
+    def _commit(
+        self,
+        next_ids: np.ndarray,
+        logits: np.ndarray | None,
+        scores: np.ndarray | Candidates,
+        forced: np.ndarray | None,
+        failed: list[ComponentError],
+    ) -> np.ndarray:
+        """The picked tokens become the buffer's next column: rows a search moved follow
+        it, finished rows get padding, what was asked is recorded, followers are told,
+        each row's text grows and the stopping criteria and stop strings run. Returns the
+        tokens as appended."""
         search = self._groups[0][1].search
         if search is not None and search.parents is not None:  # it moved beams: follow
             self._reorder(np.asarray(search.parents, dtype=np.int64))
@@ -238,12 +260,16 @@ class Generation(Feeding, Following, Picking, Continuing, Admission):
                 self.finish(row, "search_done")
         self.steps += 1
         self._take_forced(forced, failed)
+        return next_ids
+
+    def _finish_step(self, failed: list[ComponentError]) -> None:
+        """After a step's tokens: work for the next step started, prefixes remembered
+        when the request ends, and (outside an open batch) a component's error raised."""
         self._prepare_next(failed)
         if self.is_done and isinstance(self.chain.cache, ReusesPrefixes):
             self._cache_call("remember", self._held_rows())
         if failed and not self._open:
             raise failed[0]
-        return next_ids
 
     # -- search, finishing ------------------------------------------------------------------
 

@@ -164,6 +164,11 @@ class Engine:
         self.gen.prompts.check_ids(prompt, 0)
         if config.cache is not None:
             raise InputError("the server manages the KV cache itself; remove `cache`")
+        if config.prompt_lookup_num_tokens or config.drafter:
+            raise InputError(
+                "the server decodes without drafts for now (speculative decoding runs one "
+                "request at a time in the library): remove prompt_lookup_num_tokens/drafter"
+            )
         if config.num_beams != 1 or config.num_return_sequences != 1:
             raise InputError(
                 "the server runs one sequence per row: num_beams and "

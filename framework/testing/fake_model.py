@@ -113,8 +113,11 @@ class FakeBinding:
         position_ids: np.ndarray | None,
         past: dict[str, Any],
         presents: list[Any] | None = None,
+        *,
+        keep: int = 1,
     ) -> tuple[np.ndarray, list[np.ndarray]]:
-        """Logits (B, T, V) float32 for every fed position, and the presents."""
+        """Logits (B, T, V) float32 for every fed position (a ``concat``-style graph
+        ignores ``keep``), and the presents."""
         signature = self.model.signature
         self.model.forwards += 1
         if list(past) != list(signature.past_inputs):
