@@ -157,6 +157,8 @@ def loop(model: Path, threads: int) -> dict[str, float]:
     present = [i.name.replace("past_key_values.", "present.") for i in past_inputs]
     logits_buf = ort.OrtValue.ortvalue_from_numpy(np.zeros((1, 1, vocab), np.float32))
     io = sess.io_binding()
+    if "logits_to_keep" in {i.name for i in sess.get_inputs()}:  # ortgen's pruned LM head
+        io.bind_cpu_input("logits_to_keep", np.ones(1, np.int64))
 
     def run(ids: np.ndarray, total: int) -> np.ndarray:
         io.bind_cpu_input("input_ids", ids)

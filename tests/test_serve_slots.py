@@ -182,6 +182,7 @@ def _chunked_prefill_is_exact(folder: Path, prompt: list[int], taken: int) -> bo
     session = ort.InferenceSession(str(folder / "model.onnx"), options)
     names = [i.name for i in session.get_inputs() if i.name.startswith("past_key_values")]
     heads, dim = session.get_inputs()[2].shape[1], session.get_inputs()[2].shape[3]
+    keeps = "logits_to_keep" in {i.name for i in session.get_inputs()}
 
     def run(pieces: list[int]):
         buffers = [np.zeros((1, heads, 64, dim), np.float32) for _ in names]
@@ -195,6 +196,8 @@ def _chunked_prefill_is_exact(folder: Path, prompt: list[int], taken: int) -> bo
             ids = np.asarray([prompt[start : start + size]], np.int64)
             binding.bind_cpu_input("input_ids", ids)
             binding.bind_cpu_input("attention_mask", np.ones((1, start + size), np.int64))
+            if keeps:  # the pruned LM head's input: the last position only
+                binding.bind_cpu_input("logits_to_keep", np.ones(1, np.int64))
             binding.bind_output("logits", "cpu")
             session.run_with_iobinding(binding)
             start += size
