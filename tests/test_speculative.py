@@ -37,7 +37,7 @@ def test_greedy_is_plain_decoding_token_for_token(gen, new) -> None:
         assert fast.finish_reasons == plain.finish_reasons
         np.testing.assert_allclose(fast.logprobs[0], plain.logprobs[0], atol=1e-4)
         drafted += fast.stats["drafted"]
-        assert fast.stats["verify_forwards"] * 1 <= new
+        assert fast.stats["verify_forwards"] <= new
     assert drafted > 0 or new < 40  # the drafts were proposed, so the path was taken
 
 
