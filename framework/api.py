@@ -186,7 +186,7 @@ class TextGenerator:
     def stream_pieces(
         self, prompt: Prompt, *, pipeline: PipelineArg = None, **settings: Any
     ) -> Iterator[StreamPiece]:
-        """Like ``stream()``, one :class:`StreamPiece` per step: the new token, the text
+        """Like ``stream()``, one :class:`StreamPiece` per token: the token, the text
         that became safe to show (may be empty), the token's logprob and alternatives
         (with ``logprobs``/``top_logprobs``) and, on the last piece, the finish reason —
         what an OpenAI-style streaming response carries."""
@@ -196,7 +196,9 @@ class TextGenerator:
             raise InputError("stream_pieces() takes one prompt, one sequence and no beams")
         state = self._start(rows, configs, seeds)
         while not state.is_done:
-            yield StreamPiece.of(state, 0, int(state.step()[0]))
+            start = state.row_end(0)
+            state.step()  # a speculative step may keep several tokens
+            yield from StreamPiece.since(state, 0, start)
 
     def next_turn(self, state: Generation | None, prompt: list[int], **settings: Any) -> Generation:
         """A one-row request for ``prompt`` that reuses ``state``'s KV cache when it can.

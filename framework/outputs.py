@@ -67,17 +67,31 @@ class StreamPiece:
     finish_reason: str | None = None  # set on the last piece
 
     @classmethod
-    def of(cls, state: Generation, row: int, token: int) -> StreamPiece:
-        """What ``row`` of ``state`` produced with its newest ``token`` (text only with a
-        tokenizer; logprobs when the request recorded them)."""
+    def since(cls, state: Generation, row: int, start: int) -> list[StreamPiece]:
+        """What ``row`` of ``state`` produced from buffer column ``start`` on: one piece
+        per token (a speculative step may keep several), with the logprobs the row asked
+        for; the text that became safe to show and, once the row ended, the finish
+        reason come on the last piece. Reads only the new columns, not the whole row."""
+        end = state.row_end(row)
+        tokens = state.ids[row, start:end].tolist()
+        if not tokens:
+            return []
         record = state.record
-        return cls(
-            text=state.new_text(row) if state.tokenizer is not None else "",
-            token=token,
-            logprob=state.logprobs(row)[-1] if record.want_logprobs else None,
-            top_logprobs=state.top_logprobs(row)[-1] if record.top else None,
-            finish_reason=None if state.unfinished[row] else state.finish_reasons[row],
+        wanted = bool(record.wanted[row])
+        logprobs = record.logprobs(row, start, end) if wanted else [None] * len(tokens)
+        tops = (
+            record.top_logprobs(row, start, end)
+            if wanted and record.tops[row] > 0
+            else [None] * len(tokens)
         )
+        pieces = [
+            cls(text="", token=token, logprob=logprob, top_logprobs=top)
+            for token, logprob, top in zip(tokens, logprobs, tops, strict=True)
+        ]
+        last = pieces[-1]
+        last.text = state.new_text(row) if state.tokenizer is not None else ""
+        last.finish_reason = None if state.unfinished[row] else state.finish_reasons[row]
+        return pieces
 
 
 def output_of(state: Generation, single: bool, stats: dict[str, float]) -> GenerationOutput:

@@ -19,4 +19,5 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "ortgen.plugins.kv_prefix",
     "ortgen.plugins.kv_slots",
     "ortgen.plugins.drafters",
+    "ortgen.plugins.draft_model",
 )

@@ -509,3 +509,22 @@ def test_generate_that_ends_at_once_says_so(model: Path, gen) -> None:
     assert result.stdout == "\n"
     assert "the model ended at once without any text (finish reason: eos)" in result.stderr
     assert "ortgen chat" in result.stderr
+
+
+def test_speculation_flags_are_the_config_settings(model: Path) -> None:
+    """--prompt-lookup and --drafter are the call layer's prompt_lookup_num_tokens and
+    drafter; a generate with them prints what it prints without."""
+    import json
+
+    shown = run("config", "show", "--json", "--prompt-lookup", "4")
+    assert json.loads(shown.stdout)["prompt_lookup_num_tokens"] == {"value": 4, "set_by": "call"}
+    shown = run("config", "show", "--json", "--drafter", "draft_model:model=x,num_tokens=3")
+    drafter = json.loads(shown.stdout)["drafter"]["value"]
+    assert drafter == {"name": "draft_model", "model": "x", "num_tokens": 3}
+    prompt, flags = "abcabcabcabc", ["-m", str(model), "--max-new-tokens", "20", *LONG]
+    plain = run("generate", prompt, *flags)
+    fast = run("generate", prompt, *flags, "--prompt-lookup", "5")
+    assert plain.returncode == fast.returncode == 0, fast.stderr
+    assert fast.stdout == plain.stdout
+    failed = run("generate", prompt, *flags, "--drafter", "draft_model")
+    assert failed.returncode == 2 and "needs model" in failed.stderr

@@ -31,10 +31,31 @@ class Explodes:
         return scores
 
 
+class Oracle:
+    """A drafter that knows the request's answer (``script``, its generated tokens
+    alone) and proposes its next tokens, every other draft with a wrong third token: the
+    engine's verification keeps the right ones and rejects the rest, deterministically."""
+
+    def __init__(self, script: list[int], prompt_length: int) -> None:
+        self.script, self.prompt_length, self.calls = script, prompt_length, 0
+
+    def draft(self, tokens: np.ndarray, limit: int) -> list[int]:
+        self.calls += 1
+        done = len(tokens) - self.prompt_length
+        drafts = list(self.script[done : done + min(limit, 4)])
+        if self.calls % 2 and len(drafts) > 2:
+            drafts[2] = 1 if drafts[2] == 0 else 0
+        return drafts
+
+
 class Plugin:
     @hookimpl
     def register_logits_processors(self, register):
         register("explodes", Explodes)
+
+    @hookimpl
+    def register_drafters(self, register):
+        register("oracle", Oracle)
 
 
 @pytest.fixture(scope="module")
@@ -235,5 +256,66 @@ def test_a_row_asking_past_the_context_ends_there_as_generate_does(tiny_llama_ge
             return [piece async for piece in handle.pieces()]
 
         pieces = asyncio.run(main())
+    assert [p.token for p in pieces] == alone.tokens[0]
+    assert pieces[-1].finish_reason == "length"
+
+
+@pytest.mark.parametrize("graph", ["fused_chat", "optimum_chat"])
+def test_speculative_and_plain_requests_each_equal_themselves_alone(graph, request) -> None:
+    """Drafting requests through the engine: alone it speculates (drafts kept and
+    rejected, several tokens per step, one piece per token); mixed with plain requests
+    in one batch, every request gives what it gives alone, token for token."""
+    gen = request.getfixturevalue(graph)
+    jobs = _requests(gen, 8)
+    for index in (0, 3, 4, 7):  # greedy and seeded sampling, with logprobs
+        prompt, settings = jobs[index]
+        settings = {**settings, "max_new_tokens": 30, "logprobs": True}
+        script = gen.generate([prompt], **settings).tokens[0]
+        oracle = {"name": "oracle", "script": script, "prompt_length": len(prompt)}
+        jobs[index] = (prompt, {**settings, "drafter": oracle})
+    jobs[5][1]["prompt_lookup_num_tokens"] = 4  # the built-in, by its Hugging Face name
+    with running_engine(gen, max_batch=4) as engine:
+        alone = _run(engine, [jobs[0]])  # by itself: it speculates
+        drafted, kept = engine.stats.drafted_tokens, engine.stats.accepted_drafts
+        mixed = _run(engine, jobs)
+    assert drafted > kept > 0  # drafts were kept and rejected
+    for (prompt, settings), (_handle, pieces) in zip([jobs[0], *jobs], alone + mixed, strict=True):
+        want = gen.generate([prompt], **{k: v for k, v in settings.items() if k != "drafter"})
+        assert [p.token for p in pieces] == want.tokens[0], settings
+        assert "".join(p.text for p in pieces) == want.text[0]
+        assert pieces[-1].finish_reason == want.finish_reasons[0]
+        if settings.get("logprobs"):
+            np.testing.assert_allclose([p.logprob for p in pieces], want.logprobs[0], atol=1e-4)
+    assert engine.stats.finished == 9 and engine.stats.failed == 0
+
+
+def test_stream_pieces_of_a_speculative_request_carry_every_token(fused_chat) -> None:
+    gen = fused_chat
+    prompt = gen.tokenizer.encode("abcabcabcabcabc")
+    settings = {"max_new_tokens": 40, "eos_token_id": None, "logprobs": True}
+    want = gen.generate(prompt, **settings)
+    oracle = {"name": "oracle", "script": want.tokens[0], "prompt_length": len(prompt)}
+    fast = gen.generate(prompt, **settings, drafter=oracle)
+    assert fast.stats["accepted"] > 0 and fast.stats["verify_forwards"] < 40
+    pieces = list(gen.stream_pieces(prompt, **settings, drafter=oracle))
+    assert [p.token for p in pieces] == want.tokens[0]
+    assert "".join(p.text for p in pieces) == want.text
+    np.testing.assert_allclose([p.logprob for p in pieces], want.logprobs[0], atol=1e-4)
+    assert [p.finish_reason for p in pieces] == [None] * (len(pieces) - 1) + ["length"]
+
+
+def test_a_speculative_row_near_the_context_ends_there_as_generate_does(fused_chat) -> None:
+    """Drafts never take positions past the model's context: the row ends at it, as
+    without drafts."""
+    gen = fused_chat
+    context = gen.model.max_context
+    prompt = gen.tokenizer.encode("ab" * ((context - 6) // 2))
+    settings = {"max_new_tokens": 50, "eos_token_id": None}
+    alone = gen.generate([prompt], **settings)
+    script = alone.tokens[0] + [7] * 20  # it would draft past the context
+    oracle = {"name": "oracle", "script": script, "prompt_length": len(prompt)}
+    with running_engine(gen, max_batch=2) as engine:
+        pieces = _run(engine, [(prompt, {**settings, "drafter": oracle})])[0][1]
+        assert engine.stats.accepted_drafts > 0
     assert [p.token for p in pieces] == alone.tokens[0]
     assert pieces[-1].finish_reason == "length"

@@ -415,6 +415,24 @@ def test_client_hanging_up_cancels_its_row(big, client):
     assert metric(big, "ortgen_requests_in_flight") == 0
 
 
+def test_prompt_lookup_through_extra_body(client, big, default_model_dir):
+    """Speculative decoding by its Hugging Face name in extra_body: the server, running
+    the request alone, drafts from the prompt and keeps drafts (/metrics), and answers
+    what the library answers with the same settings."""
+    passage = "ortgen makes the loop of model forwards explicit, fast and pluggable."
+    messages = [{"role": "user", "content": f"Repeat exactly: {passage}"}]
+    extra = {"prompt_lookup_num_tokens": 8}
+    kept = metric(big, "ortgen_accepted_drafts_total")
+    got = client.chat.completions.create(
+        model="x", messages=messages, max_tokens=40, temperature=0, extra_body=extra
+    )
+    assert metric(big, "ortgen_accepted_drafts_total") > kept
+    gen = ortgen.load(default_model_dir)
+    want = gen.chat(messages, max_new_tokens=40, do_sample=False, **extra)
+    assert got.choices[0].message.content == want.text
+    assert want.stats["accepted"] > 0
+
+
 def test_metrics_text(big):
     status, text = call(big, "/metrics")
     assert status == 200
@@ -428,6 +446,8 @@ def test_metrics_text(big):
         "ortgen_peak_batch_size",
         "ortgen_decode_tokens_per_second",
         "ortgen_time_to_first_token_seconds_count",
+        "ortgen_drafted_tokens_total",
+        "ortgen_accepted_drafts_total",
     ):
         assert f"\n{name} " in text, name
     assert 'ortgen_time_to_first_token_seconds{quantile="0.5"}' in text

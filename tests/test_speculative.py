@@ -113,7 +113,7 @@ def test_a_chat_with_stop_strings_speculates_exactly(tiny_root) -> None:
 
 def test_what_cannot_speculate_says_so(tiny_llama_gen) -> None:
     gen = tiny_llama_gen
-    with pytest.raises(ortgen.InputError, match="one row at a time"):
+    with pytest.raises(ortgen.InputError, match="verifies one row per forward"):
         gen.generate(PROMPTS[:2], max_new_tokens=4, **LOOKUP)
     with pytest.raises(ortgen.InputError, match="search strategy"):
         gen.generate(PROMPTS[0], max_new_tokens=4, num_beams=2, **LOOKUP)

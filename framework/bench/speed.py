@@ -105,6 +105,8 @@ def run_bench(settings: BenchSettings) -> dict[str, Any]:
     decode_s = float(sum(step_s))
     session_s = float(sum(timed.seconds[prefill_runs:]))
     steps = len(step_s)
+    # tokens after each row's first: one per row per step, more when a drafter's are kept
+    decoded = sum(len(state.generated(row)) for row in range(len(prompts))) - len(prompts)
     report: dict[str, Any] = {
         "model": str(gen.path),
         "variant": _variant(gen.path),
@@ -116,7 +118,8 @@ def run_bench(settings: BenchSettings) -> dict[str, Any]:
         "load_s": round(load_s, 3),
         "first_token_s": round(first_token_s, 4),
         "prefill_tokens_per_s": round(sum(map(len, prompts)) / first_token_s, 1),
-        "decode_tokens_per_s": round(len(prompts) * steps / decode_s, 2) if steps else None,
+        "decode_tokens_per_s": round(decoded / decode_s, 2) if steps else None,
+        "tokens_per_step": round(decoded / steps, 3) if steps else None,
         "decode_ms_per_token_p50": _ms(np.percentile(step_s, 50)) if steps else None,
         "decode_ms_per_token_p95": _ms(np.percentile(step_s, 95)) if steps else None,
         "session_run_share": round(session_s / decode_s, 4) if steps else None,

@@ -20,6 +20,12 @@ SAMPLING_FLAGS = (
     ("--seed", "seed", int),
 )
 
+#: speculative decoding (docs/config.md#speculative-decoding); ``--drafter`` is a spec
+SPECULATION_HELP = (
+    "speculative decoding: draft up to N tokens from the prompt and the text so far "
+    "(Hugging Face's prompt_lookup_num_tokens); same output, fewer forwards"
+)
+
 
 def add_model_flags(parser: argparse.ArgumentParser, *, pipeline: bool = True) -> None:
     """``-m/--model``, ``--threads``, ``--spin-us`` and (unless told not to) ``--pipeline``."""
@@ -59,6 +65,20 @@ def add_generation_flags(
             help="KV cache backend, e.g. sliding_window:window=512,sink=4 (docs/caches.md)",
         )
     parser.add_argument(
+        "--prompt-lookup",
+        dest="prompt_lookup_num_tokens",
+        type=int,
+        metavar="N",
+        help=SPECULATION_HELP,
+    )
+    parser.add_argument(
+        "--drafter",
+        dest="drafter_spec",
+        metavar="NAME[:key=value,...]",
+        help="speculative decoding with any registered drafter, e.g. "
+        "draft_model:model=FOLDER,num_tokens=4 (docs/plugins.md#drafters)",
+    )
+    parser.add_argument(
         "--do-sample",
         dest="do_sample",
         action=argparse.BooleanOptionalAction,
@@ -79,8 +99,11 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
     """The call layer of the config: the flags that were given, ``--set`` last."""
     settings = {dest: getattr(args, dest, None) for _, dest, _ in SAMPLING_FLAGS}
     settings["do_sample"] = args.do_sample
+    settings["prompt_lookup_num_tokens"] = getattr(args, "prompt_lookup_num_tokens", None)
     if getattr(args, "cache_spec", None):
-        settings["cache"] = cache_spec(args.cache_spec)
+        settings["cache"] = component_spec(args.cache_spec)
+    if getattr(args, "drafter_spec", None):
+        settings["drafter"] = component_spec(args.drafter_spec, "--drafter")
     settings = {k: v for k, v in settings.items() if v is not None}
     settings.update(structured_settings(args))  # --json-schema, --regex, ... (if any)
     for item in args.settings:
@@ -101,12 +124,13 @@ def key_value(item: str, error: str) -> tuple[str, Any]:
         return key, raw
 
 
-def cache_spec(text: str) -> dict[str, Any]:
-    """``NAME[:k=v,...]`` -> ``{"name": NAME, k: v, ...}`` (values parsed as JSON)."""
+def component_spec(text: str, flag: str = "--cache") -> dict[str, Any]:
+    """``NAME[:k=v,...]`` -> ``{"name": NAME, k: v, ...}`` (values parsed as JSON): a
+    component named on the command line (``--cache``, ``--drafter``)."""
     name, _, params = text.partition(":")
     spec: dict[str, Any] = {"name": name}
     for item in filter(None, params.split(",")):
-        key, value = key_value(item, f"--cache takes NAME[:key=value,...], got {text!r}")
+        key, value = key_value(item, f"{flag} takes NAME[:key=value,...], got {text!r}")
         spec[key] = value
     return spec
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from ..errors import OrtgenError
-from .args import add_generation_flags, add_model_flags, cache_spec, settings_of
+from .args import add_generation_flags, add_model_flags, component_spec, settings_of
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
@@ -66,7 +66,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.cache:  # backends side by side, each in its own process
         from ..bench.caches import compare_caches, format_table
 
-        reports = compare_caches(settings, [cache_spec(c) for c in args.cache], args.plot)
+        reports = compare_caches(settings, [component_spec(c) for c in args.cache], args.plot)
         one = reports[0] if len(reports) == 1 else reports
         print(json.dumps(one) if args.json else format_table(reports))
         return 0

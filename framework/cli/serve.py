@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import OrtgenError
-from .args import add_model_flags, cache_spec
+from .args import add_model_flags, component_spec
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
@@ -41,6 +41,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise OrtgenError(f"ortgen serve needs {exc.name}: pip install 'ortgen[serve]'") from exc
     args.cache = None
     if args.cache_spec:
-        spec = cache_spec(args.cache_spec)
+        spec = component_spec(args.cache_spec)
         args.cache = (spec.pop("name"), spec)
     return serve(args)

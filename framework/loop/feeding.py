@@ -77,7 +77,7 @@ class Feeding(StepFields):
         rows = []
         for row in range(self.batch_size):
             pad = int(self.rows.pads[row])
-            rows.append(self.rows.ids[row, pad : min(self._end(row), self.fed)].tolist())
+            rows.append(self.rows.ids[row, pad : min(self.row_end(row), self.fed)].tolist())
         return rows
 
     def _forward(self) -> np.ndarray:

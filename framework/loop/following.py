@@ -116,7 +116,7 @@ class Following(StepFields):
             return
         counts = []
         for row in range(self.batch_size):
-            end, start = self._end(row), int(self.rows.prompt_end[row])
+            end, start = self.row_end(row), int(self.rows.prompt_end[row])
             counts.append(max(0, end - start) - max(0, min(end, new_length) - start))
         for _, rows, chain in self._group_rows():
             for name, component in chain.followers:

@@ -161,9 +161,9 @@ class Generation(Feeding, Following, Picking, Speculating, Continuing, Admission
 
     def generated(self, row: int) -> list[int]:
         """Tokens generated for ``row``: no prompt, no padding after it finished."""
-        return self.rows.ids[row, self.rows.prompt_end[row] : self._end(row)].tolist()
+        return self.rows.ids[row, self.rows.prompt_end[row] : self.row_end(row)].tolist()
 
-    def _end(self, row: int) -> int:
+    def row_end(self, row: int) -> int:
         """Buffer index after ``row``'s last token of this turn."""
         finished = int(self.rows.finished_at[row])
         return finished if finished >= 0 else self.length
@@ -174,12 +174,12 @@ class Generation(Feeding, Following, Picking, Speculating, Continuing, Admission
         saw, as transformers' ``compute_transition_scores(..., normalize_logits=True)``.
         NaN marks tokens that were appended, not sampled."""
         self._need_record("logprobs", bool(self.record.wanted[row]))
-        return self.record.logprobs(row, int(self.rows.prompt_end[row]), self._end(row))
+        return self.record.logprobs(row, int(self.rows.prompt_end[row]), self.row_end(row))
 
     def top_logprobs(self, row: int = 0) -> list[list[tuple[int, float]]]:
         """Per generated token of ``row``, the ``top_logprobs`` best (token, logprob) pairs."""
         self._need_record("top_logprobs", bool(self.record.tops[row] > 0))
-        return self.record.top_logprobs(row, int(self.rows.prompt_end[row]), self._end(row))
+        return self.record.top_logprobs(row, int(self.rows.prompt_end[row]), self.row_end(row))
 
     def text(self, row: int = 0) -> str:
         """The text generated for ``row`` in this turn, cut before a stop string; the

@@ -13,8 +13,14 @@ drafts picks, a seeded sampler draws the same numbers, and components that follo
 text are told only kept tokens (nothing to rewind in them). The cache is then cropped to
 the kept positions: free for the ``static`` cache (a length), a copy for ``dynamic``.
 
-One row at a time for now: a batch, an open batch (the server) and search strategies
-decode without drafts, and a request that asks for a drafter there gets an error.
+One row is verified per forward: onnxruntime's GroupQueryAttention (the fused graphs)
+refuses several positions per row on top of a past for a batch ("batch_size must be 1
+when sequence_length > 1 and past context is given"). So a request of several rows with
+a drafter is refused (send the rows one by one), and a search strategy too. An open
+batch (the server's continuous batching) speculates while it holds one row, which is a
+request running alone; when others join, the rows decode together without drafts (a
+batched step of 8 rows costs ~2.6x one row's, less than verifying 8 rows one by one)
+and speculation resumes when one is left. Both ways give the same tokens.
 """
 
 from __future__ import annotations
@@ -24,7 +30,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import ComponentError, InputError
+from ..protocols import Drafter
 from .step_fields import StepFields
+
+#: most tokens a row of an open batch drafts per step (its buffer grows to hold them)
+OPEN_BATCH_DRAFTS = 16
 
 
 class Speculating(StepFields):
@@ -38,30 +48,55 @@ class Speculating(StepFields):
 
     def _check_speculation(self) -> None:
         """Refuse, with the reason, a drafter this request cannot use."""
-        drafter = self.chain.drafter
-        if drafter is None:
+        named = [c.drafter for c in self.rows.chains if c.drafter is not None]
+        if not named:
             return
-        if self.chain.search is not None:
+        name = named[0][0]
+        if any(c.search is not None for c in self.rows.chains):
             raise InputError(
-                f"drafter {drafter[0]!r}: speculative decoding does not combine with a "
+                f"drafter {name!r}: speculative decoding does not combine with a "
                 "search strategy (beam search)"
             )
-        if self.batch_size != 1 or len(self._groups) != 1:
+        if self.batch_size != 1:
             raise InputError(
-                f"drafter {drafter[0]!r}: speculative decoding runs one row at a time for "
-                f"now; this request has {self.batch_size} rows (send them one by one)"
+                f"drafter {name!r}: speculative decoding verifies one row per forward (the "
+                f"fused graphs' attention takes several new positions for one row only); "
+                f"this request has {self.batch_size} rows: send them one by one, or to "
+                "`ortgen serve`, which speculates for a request while it runs alone"
             )
+
+    def _row_drafter(self) -> tuple[str, Drafter] | None:
+        """The drafter of the one row this step may speculate for, or None: a request
+        with one row, or an open batch holding one row (see module doc)."""
+        if self.batch_size != 1:
+            return None
+        return self.rows.chains[0].drafter
+
+    def _draft_room(self) -> int:
+        """Most drafts this step may feed: the buffer keeps room for them and the
+        model's own token after them; an open batch grows its buffer instead, within
+        the model's context (a drafted position past it would not exist)."""
+        if not self._open:
+            return self.rows.ids.shape[1] - self.length - 1
+        room = OPEN_BATCH_DRAFTS
+        context = self.model.max_context
+        if context:  # the drafts take positions length - pad .. on
+            room = min(room, context - (self.length - int(self.rows.pads[0])))
+        self.reserve(self.length + room + 1)
+        return room
 
     def _drafts(self, forced: np.ndarray | None) -> list[int]:
         """The drafter's proposal for this step, or [] to decode plainly: before the
         prompt is fed, while a component forces tokens, or with no room left."""
-        drafter = self.chain.drafter
-        if drafter is None or self._open or self.steps == 0 or self.fed != self.length - 1:
+        drafter = self._row_drafter()
+        if drafter is None or self.fed != self.length - 1 or not bool(self.rows.unfinished[0]):
+            return []
+        if self.steps == 0 and not self._open:  # the prompt is not fed yet
             return []
         if forced is not None and bool((forced >= 0).any()):
             return []
-        limit = self.rows.ids.shape[1] - self.length - 1  # room for what may be kept
-        if limit < 1 or not bool(self.rows.unfinished[0]):
+        limit = self._draft_room()
+        if limit < 1:
             return []
         name, component = drafter
         tokens = self.rows.ids[0, int(self.rows.pads[0]) : self.length]
@@ -103,7 +138,8 @@ class Speculating(StepFields):
                 break  # forced tokens next: the plain step takes them
             kept += 1
         self.draft_kept += kept
-        accepted = getattr(self.chain.drafter[1], "accepted", None) if self.chain.drafter else None
+        drafter = self.rows.chains[0].drafter if self.batch_size == 1 else None
+        accepted = getattr(drafter[1], "accepted", None) if drafter is not None else None
         if accepted is not None:
             accepted(count, kept)
         self.rows.mask[:, self.length :] = 0  # the drafts past what was kept

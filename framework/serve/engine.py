@@ -56,6 +56,8 @@ class EngineStats:
     shared_prefills: int = 0  # rows that copied a held row's prefill of the same prompt
     reused_prompt_tokens: int = 0  # prompt tokens taken from a prefix a slot held
     prompt_tokens: int = 0
+    drafted_tokens: int = 0  # speculative decoding: tokens drafters proposed
+    accepted_drafts: int = 0  # ... and drafts the model kept
     batch_size: int = 0
     peak_batch_size: int = 0  # the most rows one decode step has run
     queue_length: int = 0
@@ -164,11 +166,6 @@ class Engine:
         self.gen.prompts.check_ids(prompt, 0)
         if config.cache is not None:
             raise InputError("the server manages the KV cache itself; remove `cache`")
-        if config.prompt_lookup_num_tokens or config.drafter:
-            raise InputError(
-                "the server decodes without drafts for now (speculative decoding runs one "
-                "request at a time in the library): remove prompt_lookup_num_tokens/drafter"
-            )
         if config.num_beams != 1 or config.num_return_sequences != 1:
             raise InputError(
                 "the server runs one sequence per row: num_beams and "
@@ -275,21 +272,28 @@ class Engine:
             self.stats.batch_size = len(rows)
             self.stats.peak_batch_size = max(self.stats.peak_batch_size, len(rows))
             started = time.perf_counter()
+            starts = [batch.row_end(row) for row in range(len(rows))]
+            drafts = batch.drafted, batch.draft_kept
             try:
-                next_ids = batch.step()
+                batch.step()
             except Exception as exc:  # the model itself failed: every row ends
                 for handle in rows:
                     self._fail(handle, exc)
                 self._leave(rows, list(range(len(rows))), None)
                 self.stats.batch_size = 0
                 continue
-            self._rate(len(rows), time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            produced = 0
             for row, handle in enumerate(rows):
                 error = batch.errors[row]
                 if error is not None:  # its own component raised: only this row ends
                     self._fail(handle, error)
-                else:
-                    handle.push(self._piece(batch, row, int(next_ids[row])))
+                    continue
+                for piece in StreamPiece.since(batch, row, starts[row]):
+                    handle.push(piece)
+                    produced += 1
+            self._rate(produced, seconds)
+            self._count_drafts(batch, drafts)
             self._leave(rows, [r for r in range(len(rows)) if not batch.unfinished[r]], None)
             self.stats.batch_size = len(rows)
 
@@ -315,7 +319,8 @@ class Engine:
         if error is not None:
             self._fail(handle, error)
         else:
-            handle.push(self._piece(batch, row, batch.last_token(row)))
+            for piece in StreamPiece.since(batch, row, batch.row_end(row) - 1):
+                handle.push(piece)
         self.stats.generated_tokens += 1
 
     def _leave(self, rows: list[RowHandle], gone: list[int], outcome: str | None) -> None:
@@ -354,19 +359,10 @@ class Engine:
             )
         return self._batch
 
-    def _piece(self, batch: Generation, row: int, token: int) -> StreamPiece:
-        """What ``row`` produced with its newest ``token``: its text, the logprobs it asked
-        for, and its finish reason once it ended."""
-        record = batch.record
-        wanted = bool(record.wanted[row])
-        top = wanted and bool(record.tops[row] > 0)
-        return StreamPiece(
-            text=batch.new_text(row) if batch.tokenizer is not None else "",
-            token=token,
-            logprob=batch.logprobs(row)[-1] if wanted else None,
-            top_logprobs=batch.top_logprobs(row)[-1] if top else None,
-            finish_reason=None if batch.unfinished[row] else batch.finish_reasons[row],
-        )
+    def _count_drafts(self, state: Generation, before: tuple[int, int]) -> None:
+        """Speculative decoding's totals for ``/metrics``: drafts proposed and kept."""
+        self.stats.drafted_tokens += state.drafted - before[0]
+        self.stats.accepted_drafts += state.draft_kept - before[1]
 
     def _rate(self, rows: int, seconds: float) -> None:
         """Decode tokens/s, smoothed over recent steps."""
@@ -398,10 +394,14 @@ class Engine:
                 if handle.cancelled.is_set():
                     self._finish(handle, "cancelled")
                     return
-                started = time.perf_counter()
-                token = int(state.step()[0])
-                self._rate(1, time.perf_counter() - started)
-                handle.push(StreamPiece.of(state, 0, token))
+                started, start = time.perf_counter(), state.row_end(0)
+                drafts = state.drafted, state.draft_kept
+                state.step()
+                pieces = StreamPiece.since(state, 0, start)
+                self._rate(len(pieces), time.perf_counter() - started)
+                for piece in pieces:
+                    handle.push(piece)
+                self._count_drafts(state, drafts)
             self._finish(handle, "finished")
         except Exception as exc:  # a plugin or the model failed: only this row ends
             self._fail(handle, exc)

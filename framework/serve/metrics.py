@@ -95,6 +95,16 @@ def render(stats: EngineStats, http: HttpStats, *, model: str) -> str:
             "Prompt tokens taken from a prefix a slot held (a shared system prompt) "
             "instead of prefilled.",
         ),
+        (
+            "ortgen_drafted_tokens_total",
+            stats.drafted_tokens,
+            "Tokens drafters proposed (speculative decoding: prompt_lookup_num_tokens, drafter).",
+        ),
+        (
+            "ortgen_accepted_drafts_total",
+            stats.accepted_drafts,
+            "Drafted tokens the model kept; each one saved a forward.",
+        ),
     )
     for name, value, help_text in counters:
         _metric(lines, name, "counter", help_text)
