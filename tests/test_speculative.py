@@ -130,10 +130,22 @@ class BadDrafter:
         return [10**9]
 
 
+class ScriptDrafter:
+    """Drafts the next tokens of a given continuation (greedy decoding's, say)."""
+
+    def __init__(self, script: list[int], prompt_length: int) -> None:
+        self.script, self.prompt_length = script, prompt_length
+
+    def draft(self, tokens, limit):
+        done = len(tokens) - self.prompt_length
+        return self.script[done : done + min(limit, 3)]
+
+
 class Plugin:
     @ortgen.hookimpl
     def register_drafters(self, register):
         register("bad", BadDrafter)
+        register("script", ScriptDrafter)
 
 
 def test_a_drafter_proposing_a_token_outside_the_vocabulary_fails_the_request(
@@ -156,3 +168,56 @@ def test_prompt_lookup_drafts_what_followed_the_latest_match() -> None:
     assert drafter.draft(tokens, 10) == [7]  # adapts: one more than was kept
     with pytest.raises(ortgen.ConfigError, match="min_ngram"):
         PromptLookupDrafter(min_ngram=4, max_ngram=3)
+
+
+def _chi_square_p(a: list[int], b: list[int]) -> float:
+    """Two-sample chi-square test that ``a`` and ``b`` come from one distribution; the
+    p-value by Wilson and Hilferty's normal approximation of the chi-square tail (no
+    scipy here). Values seen fewer than 10 times in both samples together are pooled."""
+    import math
+    from collections import Counter
+
+    both = Counter(a) + Counter(b)
+    common = {v for v, n in both.items() if n >= 10}
+    key = lambda v: v if v in common else -1  # noqa: E731
+    ca, cb = Counter(map(key, a)), Counter(map(key, b))
+    bins = sorted(set(ca) | set(cb))
+    total_a, total_b = len(a), len(b)
+    statistic = 0.0
+    for v in bins:
+        column = ca[v] + cb[v]
+        for count, total in ((ca[v], total_a), (cb[v], total_b)):
+            expected = column * total / (total_a + total_b)
+            statistic += (count - expected) ** 2 / expected
+    df = len(bins) - 1
+    z = ((statistic / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def test_sampling_with_drafts_keeps_the_token_distribution(tiny_model_dirs) -> None:
+    """Unseeded in spirit: runs with and without drafts use different seeds, so this is a
+    test of the distribution, not of identity. Greedy decoding's tokens are drafted; the
+    4th token (after drafts were kept and rejected) is distributed alike (p > 0.001);
+    the same test tells temperature 0.5 from 0.7 apart (p < 0.001), so it can fail."""
+    gen = ortgen.load(tiny_model_dirs["llama"][1], threads=1, plugins=[Plugin()])
+    prompt, runs = PROMPTS[0], 300
+    greedy = gen.generate(prompt, max_new_tokens=4, eos_token_id=None).tokens[0]
+    script = {"drafter": {"name": "script", "script": greedy, "prompt_length": len(prompt)}}
+
+    def fourth_tokens(first_seed: int, temperature: float, **extra) -> tuple[list[int], int]:
+        tokens, kept = [], 0
+        for seed in range(first_seed, first_seed + runs):
+            out = gen.generate(
+                prompt, max_new_tokens=4, eos_token_id=None, do_sample=True, top_k=0,
+                temperature=temperature, seed=seed, **extra,
+            )  # fmt: skip
+            tokens.append(out.tokens[0][3])
+            kept += int(out.stats.get("accepted", 0))
+        return tokens, kept
+
+    plain, _ = fourth_tokens(0, 0.5)
+    drafted, kept = fourth_tokens(10_000, 0.5, **script)
+    assert runs < kept < 3 * runs  # greedy's drafts: often kept, often not
+    assert _chi_square_p(plain, drafted) > 1e-3
+    hotter, _ = fourth_tokens(20_000, 0.7, **script)
+    assert _chi_square_p(plain, hotter) < 1e-3
