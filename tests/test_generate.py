@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+import ortgen
 from tests.tiny_models import PAD_ID
 
 PROMPTS = [[5, 17, 42, 99, 3, 64], [7, 8], [200, 13, 55, 1, 9, 9, 9, 31, 77]]
@@ -175,3 +176,17 @@ def test_batch_sequences_equal_transformers_padded_batch(models, pad):
     )
     np.testing.assert_array_equal(out.sequences, expected[:, : out.sequences.shape[1]])
     assert expected.shape[1] == out.sequences.shape[1]
+
+
+@pytest.mark.parametrize("graph", ["optimum", "fused"])
+def test_step_after_force_says_what_to_do(graph, tiny_model_dirs, fused_model_dirs) -> None:
+    """force() feeds every token it writes, so no newest token is left for step() to
+    feed: a clear InputError, not onnxruntime's shape error from an empty forward."""
+    dirs = tiny_model_dirs if graph == "optimum" else fused_model_dirs
+    gen = ortgen.load(dirs["llama"][1], threads=1)
+    state = gen.start([[5, 6, 7, 8]], max_new_tokens=3, eos_token_id=None)
+    state.force([9])
+    with pytest.raises(ortgen.InputError, match="step\\(\\) after force\\(\\)"):
+        state.step()
+    state.append([[10]])  # a new token to feed: stepping goes on
+    assert len(state.step()) == 1

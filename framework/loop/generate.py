@@ -202,6 +202,11 @@ class Generation(Feeding, Following, Picking, Speculating, Continuing, Admission
     def _step(self) -> np.ndarray:
         if self.is_done:
             raise InputError("generation is finished; append() more tokens to continue")
+        if self.fed >= self.length:  # force() fed every token: no newest one to pick after
+            raise InputError(
+                "step() after force(): the model has seen every token, so there is no "
+                "newest one to feed; call force() again, or append() tokens and step()"
+            )
         if self._open:  # rows end by their own limits, not the buffer's
             self.reserve(self.length + 2)
         failed: list[ComponentError] = []
