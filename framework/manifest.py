@@ -20,8 +20,10 @@ MANIFEST_NAME = "ortgen_manifest.json"
 #: embedding gathers from the LM head's weight without a Reshape (changed graphs);
 #: 5: fused graphs give the embedding lookup its own table and split a MatMulNBits LM head
 #: in parts (``head_layout``); 6: so do fused fp32 graphs (a float MatMul head, cut along N);
-#: 7: fused graphs take ``logits_to_keep`` (the last positions the LM head computes).
-MANIFEST_FORMAT = 7
+#: 7: fused graphs take ``logits_to_keep`` (the last positions the LM head computes);
+#: 8: precision ``gguf``'s 4-bit MatMulNBits have no zero-point input (default 8, the
+#: minimum shifted by 8d): a faster kernel.
+MANIFEST_FORMAT = 8
 
 
 def read_manifest(folder: str | Path) -> dict[str, Any] | None:

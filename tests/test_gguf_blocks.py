@@ -1,13 +1,22 @@
 """The GGUF block arithmetic the exact rewrite relies on, run through onnxruntime's own
-MatMulNBits kernel: packed Q4_1 codes with zero points 0 give A @ (d*q)^T, and the extra
-block-sum rows give the block sums of A (of the int8-quantised A at accuracy level 4)."""
+MatMulNBits kernel: packed Q4_1 codes with zero points 0 give A @ (d*q)^T, without a
+zero-point input (the default 8, as the rewrite builds them) A @ (d*(q - 8))^T, and the
+extra block-sum rows give the block sums of A (of the int8-quantised A at accuracy
+level 4)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from ortgen.export.gguf_blocks import BLOCK, Blocks, dequant, pack, with_blocksum_rows
+from ortgen.export.gguf_blocks import (
+    BLOCK,
+    Blocks,
+    dequant,
+    pack,
+    shifted_minimum,
+    with_blocksum_rows,
+)
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -17,24 +26,30 @@ N, K = 24, 96
 
 def random_q4_1(rng: np.random.Generator) -> Blocks:
     q = rng.integers(0, 16, (N, K), dtype=np.uint8)
-    d = rng.uniform(0.01, 0.1, (N, K // BLOCK)).astype(np.float32)
-    m = rng.uniform(-0.5, 0.0, (N, K // BLOCK)).astype(np.float32)
+    # float16 values, as a GGUF stores them
+    d = rng.uniform(0.01, 0.1, (N, K // BLOCK)).astype(np.float16).astype(np.float32)
+    m = rng.uniform(-0.5, 0.0, (N, K // BLOCK)).astype(np.float16).astype(np.float32)
     return Blocks("Q4_1", q, d, m)
 
 
-def run_matmul_nbits(blocks: Blocks, a: np.ndarray, accuracy_level: int) -> np.ndarray:
-    """One MatMulNBits node over ``blocks`` (zero points 0), as the rewrite builds it."""
+def run_matmul_nbits(
+    blocks: Blocks, a: np.ndarray, accuracy_level: int, zero_points: bool = True
+) -> np.ndarray:
+    """One MatMulNBits node over ``blocks``: with packed zero points 0, or without a
+    zero-point input (the default 8, as the rewrite builds it)."""
     from onnx import TensorProto, helper, numpy_helper
 
     n = blocks.q.shape[0]
     inits = [
         numpy_helper.from_array(pack(blocks), "B"),
         numpy_helper.from_array(blocks.d.astype(np.float32), "scales"),
-        numpy_helper.from_array(np.zeros((n, (K // BLOCK + 1) // 2), np.uint8), "zp"),
     ]
+    if zero_points:
+        zp = np.zeros((n, (K // BLOCK + 1) // 2), np.uint8)
+        inits.append(numpy_helper.from_array(zp, "zp"))
     node = helper.make_node(
         "MatMulNBits",
-        ["A", "B", "scales", "zp"],
+        ["A", "B", "scales", "zp"][: len(inits) + 1],
         ["Y"],
         domain="com.microsoft",
         K=K,
@@ -93,3 +108,30 @@ def test_blocksum_rows_are_ones_over_their_own_block() -> None:
     np.testing.assert_array_equal(extra, np.repeat(np.eye(K // BLOCK), BLOCK, axis=1))
     np.testing.assert_array_equal(rows.m[N:], 0.0)
     np.testing.assert_array_equal(rows.q[:N], blocks.q)
+
+
+@pytest.mark.parametrize("accuracy_level", [0, 4])
+def test_the_default_zero_point_with_the_shifted_minimum_is_the_ggufs_weight(
+    accuracy_level: int,
+) -> None:
+    """As the rewrite builds it: no zero-point input (codes count q - 8), block-sum rows
+    of codes 9, and the minimum m + 8d: A @ (d*q + m)^T, and at level 4 the same result
+    as with zero points 0 up to float rounding."""
+    rng = np.random.default_rng(3)
+    blocks = random_q4_1(rng)
+    a = rng.standard_normal((3, K)).astype(np.float32)
+    out = run_matmul_nbits(with_blocksum_rows(blocks, 8), a, accuracy_level, zero_points=False)
+    full = out[:, :N] + out[:, N:] @ shifted_minimum(blocks).T
+    if accuracy_level == 0:  # float activations: the GGUF's weights, to float rounding
+        np.testing.assert_allclose(full, a @ dequant(blocks).T, rtol=1e-4, atol=1e-4)
+    zero = run_matmul_nbits(with_blocksum_rows(blocks), a, accuracy_level)
+    np.testing.assert_allclose(full, zero[:, :N] + zero[:, N:] @ blocks.m.T, rtol=1e-5, atol=1e-5)
+    sums = with_blocksum_rows(blocks, 8)
+    np.testing.assert_array_equal(np.unique(sums.q[N:]), [0, 9])
+
+
+def test_a_minimum_whose_shift_would_round_is_refused() -> None:
+    blocks = random_q4_1(np.random.default_rng(4))
+    blocks.m[0, 0] = np.float32(1e-30)  # far below 8d: m + 8d rounds to 8d
+    with pytest.raises(ValueError, match="not exact"):
+        shifted_minimum(blocks)

@@ -94,8 +94,26 @@ def concat(parts: list[Blocks], node_name: str) -> Blocks:
     )
 
 
-def with_blocksum_rows(blocks: Blocks) -> Blocks:
-    """``blocks`` plus K/32 rows of codes 1 and scale 1, row j covering block j only.
+#: the zero point of a 4-bit MatMulNBits that has no zero-point input
+DEFAULT_ZERO_POINT_4BIT = 8
+
+
+def shifted_minimum(blocks: Blocks) -> np.ndarray:
+    """The Q4_1 minimum for a MatMulNBits under its default zero point 8, which computes
+    d*(q - 8): m + 8d, so that d*(q - 8) + (m + 8d) = d*q + m. The codes stay as they
+    are. m and d are float16 values, so the float32 sum is exact (checked: a GGUF whose
+    sum rounds is refused)."""
+    assert blocks.m is not None
+    shifted = blocks.m + np.float32(DEFAULT_ZERO_POINT_4BIT) * blocks.d
+    if not np.array_equal(shifted - np.float32(DEFAULT_ZERO_POINT_4BIT) * blocks.d, blocks.m):
+        raise ValueError("m + 8d is not exact in float32 for some block")
+    return shifted
+
+
+def with_blocksum_rows(blocks: Blocks, zero_point: int = 0) -> Blocks:
+    """``blocks`` plus K/32 rows of codes ``zero_point + 1`` and scale 1, row j covering
+    block j only (each of its codes then counts 1: ``zero_point`` is the one the
+    MatMulNBits subtracts, 8 when it has no zero-point input).
 
     A MatMulNBits over these returns, after its N outputs, the K/32 block sums of its
     input A: the sums the Q4_1 minimum term needs (``blocksum(A) @ M^T``), computed by the
@@ -107,7 +125,7 @@ def with_blocksum_rows(blocks: Blocks) -> Blocks:
     """
     nb = blocks.q.shape[1] // BLOCK
     eye = np.eye(nb, dtype=np.float32)
-    q = np.repeat(eye, BLOCK, axis=1).astype(blocks.q.dtype)
+    q = (np.repeat(eye, BLOCK, axis=1) * (zero_point + 1)).astype(blocks.q.dtype)
     m = None if blocks.m is None else np.concatenate([blocks.m, np.zeros_like(eye)])
     return Blocks(blocks.kind, np.concatenate([blocks.q, q]), np.concatenate([blocks.d, eye]), m)
 

@@ -6,10 +6,14 @@ loses accuracy on weights that were 4-bit already. This module swaps the builder
 the GGUF's exact blocks after the fact, keeping the builder's fast graph (GroupQueryAttention,
 fused norms, MatMulNBits):
 
-- Q4_1 (per block of 32: w = d*q + m). MatMulNBits with packed uint8 zero points 0 and
-  scales d computes A @ (d*q)^T exactly at full kernel speed; the minimum adds
-  ``blocksum(A) @ M^T`` (M is (N, K/32)), a float MatMul 32x smaller than the weights.
-  Float zero points (zp = -m/d) would also be exact but run a ~15x slower fallback kernel.
+- Q4_1 (per block of 32: w = d*q + m). MatMulNBits without a zero-point input (the
+  default, 8) and scales d computes A @ (d*(q - 8))^T exactly at full kernel speed; the
+  minimum adds ``blocksum(A) @ (M + 8D)^T`` (M, D are (N, K/32); m + 8d is exact in
+  float32 for float16 m and d), a float MatMul 32x smaller than the weights. Packed zero
+  points 0 (the codes as they are) were exact too, but onnxruntime's kernel takes ~1.4x
+  longer per node with a zero-point input (one row, in cache), 1.09x per decode step in
+  all (docs/benchmarks.md). Float zero points (zp = -m/d) would also be exact but run a
+  ~15x slower fallback kernel.
   The block sums come from the MatMulNBits itself: K/32 extra rows of ones
   (``with_blocksum_rows``), split off its output. That saves a node and a (K, K/32) 0/1
   matrix read per projection and step against a separate blocksum MatMul, and at accuracy
