@@ -60,7 +60,7 @@ def test_export_writes_graph_configs_and_manifest(llama_onnx: Path, llama_hf: Pa
     assert _leftovers(llama_onnx.parent) == []
 
     manifest = json.loads((llama_onnx / MANIFEST_NAME).read_text())
-    assert manifest["format"] == MANIFEST_FORMAT == 7
+    assert manifest["format"] == MANIFEST_FORMAT == 8
     assert manifest["ortgen"] == ortgen.__version__
     assert manifest["variant"] == OPTIMUM_FP32.to_dict()
     assert manifest["source"] == str(llama_hf.absolute())
