@@ -24,6 +24,7 @@ from .errors import (
 )
 from .hookspecs import Register, hookimpl
 from .protocols import (
+    ChecksDrafts,
     Drafter,
     FeedsMask,
     FollowsTokens,
@@ -94,6 +95,7 @@ def stream(prompt: Any, **settings: Any) -> Iterator[str]:
 
 __all__ = [
     "Candidates",
+    "ChecksDrafts",
     "ComponentError",
     "ConfigError",
     "Drafter",

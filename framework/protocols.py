@@ -103,6 +103,18 @@ class ForcesTokens(Protocol):
 
 
 @runtime_checkable
+class ChecksDrafts(Protocol):
+    """Optional capability of a :class:`FollowsTokens` component that limits what may come
+    next in a row (a grammar): ``valid_prefix(row, tokens)`` is how many of the drafted
+    ``tokens`` it allows, in order, after the row's tokens so far. The loop drops the
+    drafts from the first one refused before the verifying forward: the model could never
+    pick it there, so feeding it (and what follows it) would cost positions for nothing.
+    """
+
+    def valid_prefix(self, row: int, tokens: Sequence[int]) -> int: ...
+
+
+@runtime_checkable
 class Reseedable(Protocol):
     """Optional capability of a sampler with a random stream: ``fork(seed=...)`` reseeds it
     (``multinomial`` and the llama.cpp samplers have it)."""

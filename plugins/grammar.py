@@ -252,6 +252,15 @@ class GrammarConstraint:
             return [self.eos[0]]
         return matcher.compute_ff_tokens()
 
+    def valid_prefix(self, row: int, tokens: Sequence[int]) -> int:
+        """How many of the drafted ``tokens`` continue ``row``'s grammar, in order
+        (``ChecksDrafts``: the loop verifies only those)."""
+        self._settle()
+        matcher = self.matchers[row]
+        if matcher.is_error() or matcher.is_stopped():
+            return 0
+        return int(matcher.validate_tokens([int(t) for t in tokens]))
+
     def is_complete(self, row: int) -> bool:
         """Whether ``row``'s text so far is a whole sentence of the grammar."""
         self._settle()

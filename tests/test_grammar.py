@@ -235,3 +235,38 @@ def test_the_latest_layer_that_sets_a_constraint_decides(gen) -> None:
     assert rows.text[0] in ("yes", "no") and re.fullmatch("z+y", rows.text[1])
     with pytest.raises(ConfigError, match="regex and choice are set together"):
         gen.generate("Hi", regex="a", choice=["b"])
+
+
+class Drafts:
+    """Drafts a fixed token list after the prompt, whatever was generated."""
+
+    def __init__(self, tokens: list[int], prompt_length: int) -> None:
+        self.tokens, self.prompt_length = tokens, prompt_length
+
+    def draft(self, tokens, limit):
+        done = len(tokens) - self.prompt_length
+        return self.tokens[done : done + limit]
+
+
+class DraftsPlugin:
+    @ortgen.hookimpl
+    def register_drafters(self, register):
+        register("fixed", Drafts)
+
+
+def test_drafts_the_grammar_refuses_are_not_verified(gen) -> None:
+    """A draft is cut at the first token the grammar would refuse (ChecksDrafts): the
+    verifying forward feeds only what the model may pick, and the output is the output
+    without drafts."""
+    gen = ortgen.load(gen.path, threads=1, plugins=[DraftsPlugin()])
+    prompt = gen.tokenizer.encode("Hi")
+    settings = {"regex": "[ab]{12}", "max_new_tokens": 20, "do_sample": False}
+    plain = gen.generate(prompt, **settings)
+    a, z = (gen.tokenizer.encode(c, add_special_tokens=False)[0] for c in "az")
+    # drafts start after the first generated token: 'a', then only 'z's, which leave the
+    # grammar; unchecked, every step would feed up to 11 of them
+    script = [z, a] + [z] * 18
+    spec = {"name": "fixed", "tokens": script, "prompt_length": len(prompt)}
+    fast = gen.generate(prompt, **settings, drafter=spec)
+    assert fast.tokens == plain.tokens
+    assert fast.stats["drafted"] == 1 and fast.stats["verify_forwards"] == 1

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..protocols import (
+    ChecksDrafts,
     Drafter,
     FollowsTokens,
     ForcesTokens,
@@ -44,6 +45,8 @@ class Chain:
     #: them that may know a row's next tokens (``ForcesTokens``); found once, here
     followers: list[tuple[str, FollowsTokens]] = field(default_factory=list)
     forcers: list[tuple[str, ForcesTokens]] = field(default_factory=list)
+    #: followers that say which drafted tokens they allow (``ChecksDrafts``)
+    draft_checkers: list[tuple[str, ChecksDrafts]] = field(default_factory=list)
     #: followers with ``prepare()``: work for the next step, started beside its forward
     preparers: list[tuple[str, Any]] = field(default_factory=list)
     #: the sampler, when it is a search strategy (beam search: it moves rows)
@@ -55,6 +58,7 @@ class Chain:
         components = [*self.processors, self.sampler, *self.stopping]
         self.followers = [(n, c) for n, c in components if isinstance(c, FollowsTokens)]
         self.forcers = [(n, c) for n, c in self.followers if isinstance(c, ForcesTokens)]
+        self.draft_checkers = [(n, c) for n, c in self.followers if isinstance(c, ChecksDrafts)]
         sampler = self.sampler[1]
         self.search = sampler if isinstance(sampler, SearchStrategy) else None
         self.preparers = [

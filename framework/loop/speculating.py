@@ -112,6 +112,27 @@ class Speculating(StepFields):
                 f"drafter {name!r} returned {drafts} at step {self.steps}; expected at most "
                 f"{limit} token ids in [0, {vocab})"
             )
+        return self._allowed_drafts(drafts)
+
+    def _allowed_drafts(self, drafts: list[int]) -> list[int]:
+        """The drafts up to the first one a component refuses (``ChecksDrafts``: a
+        grammar), so the verifying forward feeds only tokens the model may pick."""
+        for name, checker in self.rows.chains[0].draft_checkers:
+            if not drafts:
+                break
+            try:
+                allowed = checker.valid_prefix(0, drafts)
+            except Exception as exc:
+                raise ComponentError(
+                    f"{name!r} failed in valid_prefix() at step {self.steps}: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+            if not isinstance(allowed, int) or not 0 <= allowed <= len(drafts):
+                raise ComponentError(
+                    f"{name!r} valid_prefix() returned {allowed!r} for {len(drafts)} drafts; "
+                    "expected an integer from 0 to their count"
+                )
+            drafts = drafts[:allowed]
         return drafts
 
     def _speculate(self, drafts: list[int], failed: list[ComponentError]) -> np.ndarray:
