@@ -86,6 +86,8 @@ def normalise(key: str, value: Any) -> Any:
     if key in FLOAT_FIELDS:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise TypeError("a number")
+        if not math.isfinite(value):  # NaN fails every range check by comparing False
+            raise TypeError("a finite number")
         return float(value)
     if key in BOOL_FIELDS:
         if not isinstance(value, bool):

@@ -193,6 +193,12 @@ def session_options(
     thread has no workers, and neither setting changes anything there.
     """
     spin_us = spin_duration(spin_us)
+    if threads is not None and (
+        isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+    ):
+        raise InputError(
+            f"threads must be a positive integer (or unset: every core), got {threads!r}"
+        )
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or available_cores()
     options.inter_op_num_threads = 1

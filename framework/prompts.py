@@ -79,12 +79,19 @@ class PromptEncoder:
 
     def encode(self, prompts: Prompts) -> tuple[list[list[int]], bool, list[dict[str, Any]]]:
         """Token-id rows, whether a single prompt was given, and each row's own settings."""
+        if isinstance(prompts, bytes | bytearray):
+            raise InputError(
+                "a prompt is text or token ids, not bytes: decode them first "
+                "(b'...'.decode('utf-8')), or give the ids as a list of ints"
+            )
         if isinstance(prompts, str):
             return [self.encode_text(prompts, 0)], True, [{}]
         if isinstance(prompts, Mapping):
             row, own = self.encode_row(prompts, 0)
             return [row], True, [own]
         if isinstance(prompts, np.ndarray):
+            if prompts.dtype.kind not in "iu":
+                raise InputError(f"token ids must be integers, got an array of {prompts.dtype}")
             if prompts.ndim == 1:
                 return [self.check_ids(prompts.tolist(), 0)], True, [{}]
             if prompts.ndim == 2:
@@ -95,7 +102,7 @@ class PromptEncoder:
         if not items:
             raise InputError("no prompt given (an empty list)")
         if all(isinstance(x, int | np.integer) for x in items):
-            return [self.check_ids([int(x) for x in items], 0)], True, [{}]
+            return [self.check_ids(token_ids(items, 0), 0)], True, [{}]
         rows, settings = [], []
         for i, item in enumerate(items):
             own = {}
@@ -104,7 +111,7 @@ class PromptEncoder:
             elif isinstance(item, Mapping):
                 row, own = self.encode_row(item, i)
             elif isinstance(item, Sequence | np.ndarray):
-                row = self.check_ids([int(x) for x in item], i)
+                row = self.check_ids(token_ids(item, i), i)
             else:
                 raise InputError(
                     f"prompt {i} is a {type(item).__name__}; give text, token ids or a dict "
@@ -126,7 +133,7 @@ class PromptEncoder:
         if isinstance(value, str):
             return self.encode_text(value, index), own
         if isinstance(value, Sequence | np.ndarray) and not isinstance(value, bytes):
-            return self.check_ids([int(x) for x in value], index), own
+            return self.check_ids(token_ids(value, index), index), own
         raise InputError(f'prompt {index}: "prompt" must be text or token ids')
 
     def encode_text(self, text: str, index: int) -> list[int]:
@@ -149,3 +156,21 @@ class PromptEncoder:
                 "which leaves no room to generate. Shorten the prompt."
             )
         return ids
+
+
+def token_ids(values: Any, index: int) -> list[int]:
+    """``values`` as token ids: integers only. Bytes, floats (1.5 would be cut to 1),
+    bools and anything else are refused, naming the prompt and the first bad value."""
+    if isinstance(values, bytes | bytearray | str):
+        raise InputError(
+            f"prompt {index}: token ids must be a list of ints, got {type(values).__name__}"
+        )
+    ids = []
+    for value in values:
+        if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+            raise InputError(
+                f"prompt {index}: token ids must be integers, got {value!r} "
+                f"({type(value).__name__})"
+            )
+        ids.append(int(value))
+    return ids

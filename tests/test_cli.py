@@ -528,3 +528,10 @@ def test_speculation_flags_are_the_config_settings(model: Path) -> None:
     assert fast.stdout == plain.stdout
     failed = run("generate", prompt, *flags, "--drafter", "draft_model")
     assert failed.returncode == 2 and "needs model" in failed.stderr
+
+
+def test_negative_threads_are_refused(model: Path) -> None:
+    """--threads -1 used to run (onnxruntime took it); now it is one error line."""
+    result = run("generate", "Hi", "-m", str(model), "--threads", "-1", "--max-new-tokens", "2")
+    assert result.returncode == 2
+    assert "threads must be a positive integer (or unset: every core), got -1" in error_line(result)

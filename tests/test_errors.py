@@ -122,3 +122,34 @@ def test_a_single_component_name_is_not_split_into_letters(gen):
     assert resolved.config.sampler == {"name": "greedy"}
     with pytest.raises(ortgen.ConfigError, match="logits_processors must be"):
         gen.resolve_config({"logits_processors": 5})
+
+
+@pytest.mark.parametrize(
+    ("prompt", "match"),
+    [
+        (b"hello", "not bytes"),  # bytes are ints when iterated: they were taken as ids
+        ([[1.5, 2.0]], "token ids must be integers, got 1.5"),  # were cut to 1 and 2
+        ([True, 5], "got True"),
+        ({"prompt": [1.0, 2.0]}, "got 1.0"),
+        (np.array([1.0, 2.0]), "array of float64"),
+        ([[1, 2], b"ab"], "got bytes"),
+    ],
+)
+def test_prompts_that_are_not_token_ids_are_refused(gen, prompt, match):
+    with pytest.raises(ortgen.InputError, match=match):
+        gen.generate(prompt, max_new_tokens=2)
+
+
+@pytest.mark.parametrize("threads", [-1, 0, 1.5, True])
+def test_threads_must_be_a_positive_integer(tiny_model_dirs, threads):
+    with pytest.raises(ortgen.InputError, match="threads must be a positive integer"):
+        ortgen.load(tiny_model_dirs["llama"][1], threads=threads)
+
+
+@pytest.mark.parametrize("key", ["temperature", "max_time", "presence_penalty", "dry_base"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_float_settings_must_be_finite(gen, key, value):
+    """NaN fails every range check by comparing False, so temperature=nan was taken (and
+    inf as well): every float setting must be finite."""
+    with pytest.raises(ortgen.ConfigError, match=f"{key} must be a finite number"):
+        gen.generate([1, 2], max_new_tokens=2, do_sample=True, **{key: value})

@@ -407,3 +407,20 @@ def test_cli_errors(tmp_path, tiny_model_dirs):
         "run", str(pipeline), "--input", str(tmp_path / "nope.jsonl"), "--output", "o.jsonl"
     )
     assert result.returncode == 2 and "does not exist" in result.stderr
+
+
+def test_an_output_that_is_a_folder_is_a_clear_error(text_gen, tmp_path):
+    """It ended in a Python traceback (IsADirectoryError); now the job refuses before it
+    runs a row, and through the CLI that is one error line and exit status 2."""
+    gen = text_gen
+    source = write_jsonl(tmp_path / "rows.jsonl", [{"id": 1, "prompt": [1, 2]}])
+    folder = tmp_path / "results"
+    folder.mkdir()
+    with pytest.raises(ortgen.InputError, match="is a folder; give a file path"):
+        run_job(gen, source, folder, progress=None, settings=GREEDY)
+    pipeline = tmp_path / "p.toml"
+    pipeline.write_text(f'model = "{gen.path}"\n[generation]\nmax_new_tokens = 2\n')
+    result = cli("run", str(pipeline), "--input", str(source), "--output", str(folder))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and "is a folder" in result.stderr
+    assert list(folder.iterdir()) == []

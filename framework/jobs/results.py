@@ -33,10 +33,17 @@ class ResultLog:
 
     def open(self) -> set[str]:
         """Cut a torn last line, read the ids already done, and open for appending."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.exists():
-            self._repair_and_index()
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        if self.path.is_dir():
+            raise InputError(
+                f"the output {self.path} is a folder; give a file path (.jsonl or .parquet)"
+            )
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.exists():
+                self._repair_and_index()
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise InputError(f"cannot write the output {self.path}: {exc.strerror or exc}") from exc
         return self.done
 
     def _repair_and_index(self) -> None:
