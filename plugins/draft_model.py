@@ -113,7 +113,8 @@ def _draft_generator(ctx: GenerationContext, folder: str, threads: int) -> Any:
                 f"drafter 'draft_model' could not load {folder!r}: {type(exc).__name__}: {exc}"
             ) from exc
         _check_same_tokenizer(ctx, loaded, folder)
-        ctx.model_state[key] = loaded
+        # two requests loading at once keep one of them: every request shares that one
+        loaded = ctx.model_state.setdefault(key, loaded)
     return loaded
 
 

@@ -20,12 +20,6 @@ SAMPLING_FLAGS = (
     ("--seed", "seed", int),
 )
 
-#: speculative decoding (docs/config.md#speculative-decoding); ``--drafter`` is a spec
-SPECULATION_HELP = (
-    "speculative decoding: draft up to N tokens from the prompt and the text so far "
-    "(Hugging Face's prompt_lookup_num_tokens); same output, fewer forwards"
-)
-
 
 def add_model_flags(parser: argparse.ArgumentParser, *, pipeline: bool = True) -> None:
     """``-m/--model``, ``--threads``, ``--spin-us`` and (unless told not to) ``--pipeline``."""
@@ -69,7 +63,8 @@ def add_generation_flags(
         dest="prompt_lookup_num_tokens",
         type=int,
         metavar="N",
-        help=SPECULATION_HELP,
+        help="speculative decoding: draft up to N tokens from the prompt and the text so "
+        "far (Hugging Face's prompt_lookup_num_tokens); same output, fewer forwards",
     )
     parser.add_argument(
         "--drafter",

@@ -190,10 +190,6 @@ class Admission(StepFields):
         if stopped:
             self.finish(row, "stop_string")
 
-    def last_token(self, row: int) -> int:
-        """The newest token of ``row`` (its first one right after it joined)."""
-        return int(self.rows.ids[row, self.row_end(row) - 1])
-
     def release(self, rows: Sequence[int]) -> list[int]:
         """Drop ``rows``: each freed place takes one of the last rows, so few rows move.
         Returns the new order: new row ``i`` is old row ``order[i]``."""

@@ -159,7 +159,7 @@ class Speculating(StepFields):
                 break  # forced tokens next: the plain step takes them
             kept += 1
         self.draft_kept += kept
-        drafter = self.rows.chains[0].drafter if self.batch_size == 1 else None
+        drafter = self._row_drafter()
         accepted = getattr(drafter[1], "accepted", None) if drafter is not None else None
         if accepted is not None:
             accepted(count, kept)

@@ -364,11 +364,12 @@ class Engine:
         self.stats.drafted_tokens += state.drafted - before[0]
         self.stats.accepted_drafts += state.draft_kept - before[1]
 
-    def _rate(self, rows: int, seconds: float) -> None:
-        """Decode tokens/s, smoothed over recent steps."""
-        self.stats.generated_tokens += rows
+    def _rate(self, tokens: int, seconds: float) -> None:
+        """Decode tokens/s, smoothed over recent steps (a step may keep several tokens
+        per row when it speculates)."""
+        self.stats.generated_tokens += tokens
         if seconds > 0:
-            rate = rows / seconds
+            rate = tokens / seconds
             previous = self.stats.decode_tokens_per_s
             self.stats.decode_tokens_per_s = rate if not previous else 0.9 * previous + 0.1 * rate
 
