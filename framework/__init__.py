@@ -20,6 +20,7 @@ from .errors import (
     InputError,
     ModelLoadError,
     OrtgenError,
+    OutputError,
     PluginError,
 )
 from .hookspecs import Register, hookimpl
@@ -114,6 +115,7 @@ __all__ = [
     "LogitsProcessor",
     "ModelLoadError",
     "OrtgenError",
+    "OutputError",
     "OwnsPresents",
     "PluginError",
     "Register",

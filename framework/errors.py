@@ -25,6 +25,11 @@ class InputError(OrtgenError, ValueError):
     """A prompt or other request input cannot be generated from."""
 
 
+class OutputError(InputError):
+    """A job's output cannot be written: another job holds it, or the disk, a size limit
+    or a read-only folder refused a write. What was written before stays, whole."""
+
+
 class PluginError(OrtgenError):
     """A plugin registered a bad or duplicate component, or a name is unknown."""
 

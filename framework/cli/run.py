@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -81,6 +82,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         gen = load(args.model, pipeline=pipeline, threads=args.threads, spin_us=args.spin_us)
         job = functools.partial(run_job, gen)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         job(
             args.input,
@@ -90,11 +92,26 @@ def cmd_run(args: argparse.Namespace) -> int:
             settings=settings,
             progress=sys.stderr,
         )
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Terminated) as stop:
+        name = "SIGTERM" if isinstance(stop, _Terminated) else "SIGINT"
         print(
-            "\nortgen: interrupted; the rows done are in the output: run the same command "
-            "again to continue",
+            f"\nortgen: stopped by {name}; the rows done are in the output (the batch in "
+            "flight was dropped whole): run the same command again to continue",
             file=sys.stderr,
         )
-        return 130
+        return 128 + (signal.SIGTERM if isinstance(stop, _Terminated) else signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+class _Terminated(BaseException):
+    """SIGTERM during a job, raised in the main thread as SIGINT raises KeyboardInterrupt:
+    the job unwinds through its ``finally`` blocks (the output closed whole and its lock
+    let go, a Ray cluster it started shut down) instead of dying mid-write. A
+    BaseException, so the runner's retry of a failed batch (``except Exception``) does
+    not take it for a failing row."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated

@@ -98,7 +98,11 @@ def write_parquet_results(records: list[dict[str, Any]], path: Path) -> None:
     columns["error"] = pa.array([r.get("error") for r in records], type=pa.string())
     table = pa.table(columns)
     partial = path.with_name(path.name + ".tmp")
-    pq.write_table(table, partial)
-    with open(partial, "rb") as written:
-        os.fsync(written.fileno())
-    os.replace(partial, path)
+    try:
+        pq.write_table(table, partial)
+        with open(partial, "rb") as written:
+            os.fsync(written.fileno())
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)  # a full disk: do not leave half a table behind
+        raise

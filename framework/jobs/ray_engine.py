@@ -24,7 +24,9 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -115,7 +117,7 @@ def run_ray_job(
         ]
         tracker = Progress(report.rows, len(report.ids & done), progress)
         if pending:
-            started = _connect(ray, address, workers, threads)
+            started = _connect_keeping_sigterm(ray, address, workers, threads)
             try:
                 cpus = float(threads or 1)
                 _check_room(ray, workers, cpus)
@@ -210,6 +212,22 @@ def _connect(ray: Any, address: str | None, workers: int, threads: int | None) -
     context.print_on_execution_start = False
     logging.getLogger("ray.data").setLevel(logging.ERROR)  # e.g. "progress bars disabled"
     return True
+
+
+def _connect_keeping_sigterm(
+    ray: Any, address: str | None, workers: int, threads: int | None
+) -> bool:
+    """:func:`_connect`, then the caller's SIGTERM handler back: ``ray.init`` installs
+    its own (``sys.exit``), which would end the job without the caller's say. The CLI's
+    handler stops the job cleanly, and the ``finally`` here shuts down a cluster it
+    started."""
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if in_main else None
+    try:
+        return _connect(ray, address, workers, threads)
+    finally:
+        if in_main and previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _check_room(ray: Any, workers: int, cpus: float) -> None:

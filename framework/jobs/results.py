@@ -5,22 +5,34 @@ the file holds whole lines plus, at worst, one torn last line. Opening the log a
 cuts that torn line off and collects the ids already written, so a rerun with the same
 arguments does each remaining row once: none lost, none twice.
 
+A write that fails part way (a full disk, a file-size limit, a signal) is cut back to
+where the batch began, so the file never holds a torn line while the job lives: the
+error says so, and a rerun resumes. While a job writes its output it holds the output's
+lock (``output_lock.py``): a second job on the same output stops instead of appending
+the same rows again.
+
 A Parquet output is written at the end from a JSONL progress file beside it
 (``OUT.parquet.partial.jsonl``), which is what resume reads while the job is unfinished.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from ..errors import InputError, OutputError
+from .output_lock import OutputLock
 from .rows import id_key, is_parquet
 
 __all__ = ["ResultLog", "open_results"]
+
+#: the end of every write-fault message: what to do, and that nothing was lost
+_RERUN = "run the same command again to continue"
 
 
 class ResultLog:
@@ -29,22 +41,45 @@ class ResultLog:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.done: set[str] = set()  # id keys already written
+        self.written = 0  # lines this job appended
+        self.lock = OutputLock(path)
         self._fd: int | None = None
 
     def open(self) -> set[str]:
-        """Cut a torn last line, read the ids already done, and open for appending."""
+        """Take the output's lock, cut a torn last line, read the ids already done, and
+        open for appending. Raises before any row runs when the output cannot be used."""
         if self.path.is_dir():
             raise InputError(
                 f"the output {self.path} is a folder; give a file path (.jsonl or .parquet)"
             )
+        for path in {self.lock.output, self.path}:  # before a lock file is made beside it
+            self._check_regular(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.lock.acquire()
+        except OSError as exc:
+            raise OutputError(f"cannot write the output {self.path}: {_why(exc)}") from exc
+        try:
+            self._prepare()
             if self.path.exists():
                 self._repair_and_index()
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise InputError(f"cannot write the output {self.path}: {exc.strerror or exc}") from exc
+            self.lock.release()
+            raise OutputError(f"cannot write the output {self.path}: {_why(exc)}") from exc
+        except BaseException:
+            self.lock.release()
+            raise
         return self.done
+
+    def _prepare(self) -> None:
+        """What a kind of output does first, under the lock (nothing for JSONL)."""
+
+    @staticmethod
+    def _check_regular(path: Path) -> None:
+        """A device or pipe is no result file (reading /dev/zero to resume never ends)."""
+        if path.exists() and not stat.S_ISREG(path.stat().st_mode):
+            raise InputError(f"the output {path} is not a regular file; give a file path")
 
     def _repair_and_index(self) -> None:
         end = 0  # offset just past the last complete line
@@ -73,19 +108,54 @@ class ResultLog:
         return record["id"]
 
     def append(self, records: Iterable[dict[str, Any]]) -> None:
-        """Write ``records`` as whole lines in one write, then make them durable."""
+        """Write ``records`` as whole lines in one write, then make them durable.
+
+        A write or fsync that fails (``ENOSPC``, ``EFBIG`` past ``ulimit -f``, ``EIO``)
+        cuts the file back to where this batch began: its rows were not done, every line
+        before them stays. A signal (SIGINT, the CLI's SIGTERM) raised here keeps the
+        batch if all of it was written, and otherwise cuts it back the same way."""
         assert self._fd is not None, "open() first"
-        data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode()
-        view = memoryview(data)
-        while view:  # a regular file takes it in one go; loop in case it does not
-            view = view[os.write(self._fd, view) :]
-        os.fsync(self._fd)
+        batch = list(records)
+        data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in batch).encode()
+        start = os.fstat(self._fd).st_size  # the only writer: the lock says so
+        try:
+            view = memoryview(data)
+            while view:  # a short write (a limit reached) continues, then fails
+                view = view[os.write(self._fd, view) :]
+            os.fsync(self._fd)
+        except OSError as exc:
+            self._cut_back(start)
+            raise OutputError(
+                f"cannot write the output {self.path}: {_why(exc)}; the {self._kept()} "
+                f"rows written before are kept; {_RERUN} once the cause is fixed"
+            ) from exc
+        except BaseException:  # a signal: keep the batch if it is all there
+            if os.fstat(self._fd).st_size == start + len(data):
+                with contextlib.suppress(OSError):
+                    os.fsync(self._fd)
+                self.written += len(batch)
+            else:
+                self._cut_back(start)
+            raise
+        self.written += len(batch)
+
+    def _kept(self) -> int:
+        return len(self.done) + self.written
+
+    def _cut_back(self, size: int) -> None:
+        """Drop a partly written batch; the lines before it are already durable."""
+        assert self._fd is not None
+        with contextlib.suppress(OSError):  # shrinking needs no space; if it fails,
+            os.ftruncate(self._fd, size)  # the next open cuts the torn line instead
+            os.fsync(self._fd)
 
     def close(self) -> None:
-        """Stop appending (also after an error: every line written so far stays)."""
+        """Stop appending and let the output's lock go (also after an error: every line
+        written so far stays)."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        self.lock.release()
 
     def finish(self) -> None:
         """The job is complete: the output is final."""
@@ -102,14 +172,17 @@ class ParquetResults(ResultLog):
     def __init__(self, path: Path) -> None:
         super().__init__(path.with_name(path.name + ".partial.jsonl"))
         self.final = path
+        self.lock = OutputLock(path)  # the output the user named, not the progress file
 
     def open(self) -> set[str]:
         from .parquet import require_pyarrow
 
         require_pyarrow()  # before any row runs, not at the end
+        return super().open()
+
+    def _prepare(self) -> None:
         if not self.path.exists() and self.final.exists():
             self._seed_from_final()  # a finished job run again: its rows are done
-        return super().open()
 
     def _seed_from_final(self) -> None:
         from .parquet import read_parquet_results
@@ -120,15 +193,30 @@ class ParquetResults(ResultLog):
         os.replace(seed, self.path)
 
     def finish(self) -> None:
-        """Write the Parquet file from every line, then drop the progress file."""
+        """Write the Parquet file from every line, then drop the progress file. If the
+        Parquet file cannot be written, the progress file stays: a rerun writes it."""
         from .parquet import write_parquet_results
 
-        self.close()
-        write_parquet_results(self.records(), self.final)
-        self.path.unlink()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        try:
+            write_parquet_results(self.records(), self.final)
+            self.path.unlink()  # under the lock: no other job sees a half-finished pair
+        except OSError as exc:
+            raise OutputError(
+                f"cannot write the output {self.final}: {_why(exc)}; every row is kept in "
+                f"{self.path}; {_RERUN} once the cause is fixed"
+            ) from exc
+        finally:
+            self.close()
 
 
 def open_results(path: str | Path) -> ResultLog:
     """The result store for ``path``: JSONL, or Parquet by its suffix."""
     path = Path(path)
     return ParquetResults(path) if is_parquet(path) else ResultLog(path)
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or str(exc)
