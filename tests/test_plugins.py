@@ -20,6 +20,7 @@ class Plugin:
         register("broken", Broken)
         register("bad_shape", lambda: lambda ids, scores: scores[:, :-1])
         register("nan", lambda: lambda ids, scores: np.full_like(scores, np.nan))
+        register("some_nan", lambda: lambda ids, scores: np.where(scores > 0, np.nan, scores))
 
     @hookimpl
     def register_stopping_criteria(self, register):
@@ -133,6 +134,7 @@ def test_unknown_parameter_is_named(llama_dir):
         ("broken", r"'broken' failed at step 0: RuntimeError: boom"),
         ("bad_shape", r"'bad_shape' returned"),
         ("nan", r"NaN everywhere at step 0 after nan"),
+        ("some_nan", r"NaN in places at step 0 after some_nan; a logits processor must"),
     ],
 )
 def test_failing_component_is_named_and_request_fails_cleanly(llama_dir, name, message):

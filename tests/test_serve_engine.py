@@ -31,6 +31,21 @@ class Explodes:
         return scores
 
 
+class Poisons:
+    """A processor that puts NaN into a few scores at its third step (a plugin bug: an
+    argmax would take the first NaN as its pick)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        self.calls += 1
+        if self.calls == 3:
+            scores = scores.copy()
+            scores[:, 3:7] = np.nan
+        return scores
+
+
 class Oracle:
     """A drafter that knows the request's answer (``script``, its generated tokens
     alone) and proposes its next tokens, every other draft with a wrong third token: the
@@ -52,6 +67,7 @@ class Plugin:
     @hookimpl
     def register_logits_processors(self, register):
         register("explodes", Explodes)
+        register("poisons", Poisons)
 
     @hookimpl
     def register_drafters(self, register):
@@ -138,6 +154,29 @@ def test_a_failing_component_fails_only_its_request(fused_chat) -> None:
         prompt, settings = jobs[index]
         assert [p.token for p in results[index][1]] == gen.generate([prompt], **settings).tokens[0]
     assert engine.stats.failed == 1 and engine.stats.finished == 4
+
+
+def test_a_component_returning_nan_fails_only_its_request(fused_chat) -> None:
+    """NaN in part of one request's scores: that request fails with an error naming its
+    processors, the rows beside it give what they give alone, and the engine goes on."""
+    gen = fused_chat
+    jobs = _requests(gen, 5)
+    for index in (1, 3):
+        jobs[index] = (jobs[index][0], {**jobs[index][1], "max_new_tokens": 20})
+    jobs[3][1].update(logits_processors=[{"name": "poisons"}], stop_strings=None)
+    with running_engine(gen, max_batch=8) as engine:
+        results = _run(engine, jobs)
+        after = _run(engine, [jobs[0]])
+    failed_handle, failed = results[3]
+    assert failed[-1].finish_reason == "error" and len(failed) == 3
+    assert isinstance(failed_handle.error, ortgen.ComponentError)
+    assert "NaN in places at step" in str(failed_handle.error)  # the batch's step
+    assert "poisons" in str(failed_handle.error)
+    for index in (0, 1, 2, 4):
+        prompt, settings = jobs[index]
+        assert [p.token for p in results[index][1]] == gen.generate([prompt], **settings).tokens[0]
+    assert [p.token for p in after[0][1]] == [p.token for p in results[0][1]]
+    assert engine.stats.failed == 1 and engine.stats.finished == 5
 
 
 @pytest.mark.parametrize("graph", ["fused_chat", "optimum_chat"])

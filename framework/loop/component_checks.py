@@ -40,13 +40,19 @@ def check_candidates(name: str, out: object, shape: tuple[int, ...], step: int) 
 
 
 def check_not_nan(scores: np.ndarray, chain: Chain, step: int) -> None:
-    """A row of all-NaN scores cannot be sampled from: name who produced it."""
-    bad = np.isnan(scores).all(axis=1)
+    """Scores with a NaN cannot be sampled from soundly (argmax takes the first NaN,
+    softmax turns the whole row into NaN): name the processors that produced them, so
+    the request fails with a clear error instead of a token nobody chose. One pass over
+    the scores, as the sampler's own takes."""
+    bad = np.isnan(scores).any(axis=1)
     if bad.any():
         names = [n for n, _ in chain.processors]
+        row = int(np.flatnonzero(bad)[0])
+        where = "everywhere" if np.isnan(scores[row]).all() else "in places"
         raise ComponentError(
-            f"scores of row {int(np.flatnonzero(bad)[0])} are NaN everywhere at step {step} "
-            f"after {' -> '.join(names)}"
+            f"scores of row {row} are NaN {where} at step {step} after "
+            f"{' -> '.join(names)}; a logits processor must return numbers (-inf to rule "
+            "a token out)"
         )
 
 
