@@ -403,6 +403,7 @@ class TextGenerator:
         under a resolved ``config``: the facts of this model and request. The server
         builds each row's components from it with ``ortgen.chain_specs.build_chain``."""
         prompt_length = prompt_length or max(len(r) for r in rows)
+        _check_padding_id(config, self.model.signature.vocab_size)
         return GenerationContext(
             config=config,
             batch_size=len(rows),
@@ -498,3 +499,15 @@ def load(
         pipeline=pipeline,
         plugin_manager=managers[0] if managers else None,
     )
+
+
+def _check_padding_id(config: config_mod.GenerationConfig, vocab: int | None) -> None:
+    """The padding id is fed to the model (padded and finished rows), so one the
+    embedding has no row for fails inside onnxruntime's Gather; say which setting."""
+    pad = config.padding_id
+    if vocab and pad >= vocab:
+        setting = "pad_token_id" if config.pad_token_id is not None else "eos_token_id"
+        raise ConfigError(
+            f"{setting}={pad} is outside the vocabulary [0, {vocab}): padded and finished "
+            "rows feed the padding id to the model"
+        )

@@ -153,3 +153,19 @@ def test_float_settings_must_be_finite(gen, key, value):
     inf as well): every float setting must be finite."""
     with pytest.raises(ortgen.ConfigError, match=f"{key} must be a finite number"):
         gen.generate([1, 2], max_new_tokens=2, do_sample=True, **{key: value})
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        ({"pad_token_id": 10**9}, "pad_token_id"),
+        ({"pad_token_id": None, "eos_token_id": 300}, "eos_token_id"),
+    ],
+)
+def test_a_padding_id_outside_the_vocabulary_is_a_config_error(gen, settings, named):
+    """It was fed to the model's embedding for the shorter row: onnxruntime's Gather
+    failed mid-request ("indices element out of data bounds"), as a ComponentError."""
+    vocab = gen.model.signature.vocab_size
+    said = f"{named}=.* is outside the vocabulary \\[0, {vocab}\\)"
+    with pytest.raises(ortgen.ConfigError, match=said):
+        gen.generate([[5, 6, 7], [5]], max_new_tokens=2, **settings)
