@@ -11,10 +11,11 @@ STAMP  := $(VENV)/.installed-stamp
 run: default-model
 	$(BIN)/ortgen chat "What is the capital of Germany?" --max-new-tokens 64
 
-# ruff and the type checker first (the import contract runs inside the tests:
-# tests/test_layers.py), then the suite.
+# ruff (lint and format) and the type checker first (the import contract runs inside
+# the tests: tests/test_layers.py), then the suite.
 test: default-model
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/pytest -q
 
