@@ -150,7 +150,6 @@ def test_a_killed_holder_leaves_no_held_lock(tiny_llama_gen, tmp_path):
 
 
 def test_parquet_output_is_locked_by_its_own_name(tiny_llama_gen, tmp_path):
-    pytest.importorskip("pyarrow")
     source = write_jsonl(tmp_path / "rows.jsonl", ROWS[:2])
     out = tmp_path / "out.parquet"
     holder = OutputLock(out)
