@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test lint model default-model bytecode bench peers compare clean-models
+.PHONY: run test lint fuzz model default-model bytecode bench peers compare clean-models
 
 run: default-model
 	$(BIN)/ortgen chat "What is the capital of Germany?" --max-new-tokens 64
@@ -18,6 +18,14 @@ test: default-model
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/pytest -q
+
+# The fuzz tests (tests/test_fuzz_*.py) for longer: `make test` runs them bounded (a few
+# dozen examples each, ~20 s in all); the "fuzz" hypothesis profile (tests/conftest.py)
+# runs 1000 per test (2000 per logits test, 400 per server route), ~10 min, and keeps
+# what fails in .pytest_cache/ to replay first.
+fuzz: default-model
+	HYPOTHESIS_PROFILE=fuzz $(BIN)/pytest -q --hypothesis-show-statistics \
+		tests/test_fuzz_inputs.py tests/test_fuzz_logits.py tests/test_fuzz_server.py
 
 # ruff, the type checker ([tool.mypy]: the typed plugin contract and the loop's parts)
 # and the import contract ([tool.importlinter]: the layers point one way).

@@ -298,7 +298,7 @@ class TextGenerator:
         tokenizer = self._need_tokenizer("chat()")
         if tools is not None:
             template_kwargs["tools"] = tools
-        return tokenizer.encode_chat(list(messages), **template_kwargs)
+        return tokenizer.encode_chat(messages, **template_kwargs)  # it checks their shape
 
     # -- internals -----------------------------------------------------------------
 

@@ -75,9 +75,12 @@ class ChatBatch:
         tools: Sequence[Mapping[str, Any]] | None = None,
         **settings: Any,
     ) -> None:
-        if not conversations:
+        shape_ok = isinstance(conversations, Sequence) and not isinstance(
+            conversations, str | Mapping
+        )
+        if shape_ok and not conversations:
             raise InputError("a chat batch needs at least one conversation")
-        if isinstance(conversations, str | Mapping) or not all(
+        if not shape_ok or not all(
             isinstance(c, Sequence)
             and not isinstance(c, str | Mapping)
             and all(isinstance(m, Mapping) for m in c)
@@ -99,7 +102,11 @@ class ChatBatch:
 
     def send(self, contents: Sequence[str], **settings: Any) -> list[str]:
         """Add one user message per conversation and return the answers, in order."""
-        if isinstance(contents, str) or len(contents) != len(self.conversations):
+        if (
+            not isinstance(contents, Sequence)
+            or isinstance(contents, str)
+            or len(contents) != len(self.conversations)
+        ):
             raise InputError(
                 f"send() needs one message per conversation ({len(self.conversations)})"
             )

@@ -102,10 +102,18 @@ class Pipeline:
         if self.model is None:
             return None
         candidate = Path(self.model).expanduser()
-        if candidate.is_absolute() or candidate.exists() or self.path is None:
+        if candidate.is_absolute() or _exists(candidate) or self.path is None:
             return candidate
         beside = self.path.parent / candidate
-        return beside if beside.exists() else candidate
+        return beside if _exists(beside) else candidate
+
+
+def _exists(path: Path) -> bool:
+    """Whether ``path`` exists; a name the system refuses (too long, say) names nothing."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
 
 
 #: what a pipeline's components are checked against: a registry, or a function that
@@ -322,7 +330,13 @@ def _output_schema(value: Any, path: Path | None, problems: list[str]) -> Any:
     if not where.is_absolute() and path is not None:
         where = path.parent / where
         beside = " (a relative path is read from the pipeline file's folder)"
-    if not where.is_file():
+    try:
+        found = where.is_file()
+    except OSError as exc:  # a name the system refuses (too long, say)
+        shown = value if len(value) <= 60 else value[:57] + "..."
+        problems.append(f"[output] json_schema: {shown!r} is no file name: {exc.strerror}")
+        return None
+    if not found:
         problems.append(f"[output] json_schema: no file {where}{beside}")
         return None
     try:

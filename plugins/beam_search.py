@@ -28,11 +28,26 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ortgen import ConfigError, GenerationContext, Register, hookimpl
+from ortgen import ComponentError, ConfigError, GenerationContext, Register, hookimpl
 from ortgen.candidates import best_first
 from ortgen.text.stop_strings import StopStringMatcher
 
 _NEG = np.float32(-1.0e9)
+
+
+def _check_log_probs(scores: np.ndarray) -> None:
+    """A NaN or +inf is no log-probability: it would rank beams by NaN (silently, as
+    torch's topk does in transformers) and poison every later score of its beam. Refused
+    by name, as the samplers refuse a row they cannot draw from."""
+    bad = ~(scores < np.inf).all(axis=1)  # NaN and +inf fail ``< inf``
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        what = "NaN" if np.isnan(scores[row]).any() else "+inf"
+        raise ComponentError(
+            f"sampler 'beam_search': the log-probabilities of row {row} contain {what}, so "
+            f"its beams cannot be ranked ({int(bad.sum())} of {bad.size} rows affected); "
+            "check the logits processors (remove_invalid_values=true replaces NaN and inf)"
+        )
 
 
 @hookimpl
@@ -130,6 +145,7 @@ class BeamSearch:
         rows, vocab = scores.shape
         if rows != items * beams:
             raise ValueError(f"beam_search expected {items * beams} rows, got {rows}")
+        _check_log_probs(scores)
         cur_len = input_ids.shape[1]
         per_beam = scores.astype(np.float32).reshape(items, beams, vocab)
         log_probs = (per_beam + self.running_scores[:, :, None]).reshape(items, beams * vocab)

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ortgen import Candidates, ConfigError, GenerationContext, Register, hookimpl
+from ortgen import Candidates, ComponentError, ConfigError, GenerationContext, Register, hookimpl
 
 from .grammar_compile import check_grammar, grammar_text, shared_tokenizer
 
@@ -186,14 +186,17 @@ class GrammarConstraint:
 
     @staticmethod
     def _check_rows(scores: np.ndarray) -> None:
-        """A row left with no finite score would be sampled from nothing: name it."""
-        dead = ~np.isfinite(scores).any(axis=1)
+        """A row whose allowed tokens are all -inf would be sampled from nothing: name
+        it. A NaN or +inf score is the sampler's to judge (it names a NaN row itself;
+        greedy takes +inf), not a token an earlier processor removed."""
+        dead = ~((scores != -np.inf).any(axis=1))
         if dead.any():
             row = int(np.flatnonzero(dead)[0])
-            raise ValueError(
-                f"row {row}: every token the grammar allows here was removed by an earlier "
-                "processor (bad_words_ids, suppress_tokens or min_new_tokens holding back "
-                "the end of sequence, say), so nothing can be sampled"
+            raise ComponentError(
+                f"logits processor 'grammar': row {row}: every token the grammar allows here "
+                "was removed by an earlier processor (bad_words_ids, suppress_tokens or "
+                "min_new_tokens holding back the end of sequence, say), so nothing can be "
+                "sampled"
             )
 
     # -- following the text ----------------------------------------------------------

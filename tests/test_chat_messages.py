@@ -663,6 +663,7 @@ CALL = {"type": "function", "function": {"name": "f", "arguments": {}}}
         ([USER_ASKS, 3], r"messages\[1\] is a int"),
         ([{"content": "x"}], r"messages\[0\] has no 'role'.*got keys \['content'\]"),
         ([{"role": None, "content": "x"}], r"messages\[0\]\['role'\] is a NoneType"),
+        ([{"role": " ", "content": "x"}], r"messages\[0\]\['role'\] is empty"),
         ([{"role": "user"}], r"messages\[0\] has no 'content'; only an assistant"),
         ([{"role": "user", "content": None}], r"messages\[0\]\['content'\] is None"),
         ([{"role": "user", "content": 3}], r"messages\[0\]\['content'\] is a int"),

@@ -117,6 +117,8 @@ def key_value(item: str, error: str) -> tuple[str, Any]:
         return key, json.loads(raw)
     except json.JSONDecodeError:
         return key, raw
+    except RecursionError:
+        raise OrtgenError(f"{error}: the JSON value of {key} is nested too deep") from None
 
 
 def component_spec(text: str, flag: str = "--cache") -> dict[str, Any]:

@@ -27,6 +27,9 @@ def add_command(sub: argparse._SubParsersAction) -> None:
         "(default: slots on fused graphs, concat_slots on optimum graphs)",
     )
     p.add_argument(
+        "--no-web", action="store_true", help="no chat page at / (the API stays under /v1)"
+    )
+    p.add_argument(
         "--no-prefix-sharing",
         action="store_true",
         help="prefill every prompt whole, not from a prefix another request left",

@@ -112,7 +112,11 @@ def _short(value: Any, limit: int = 60) -> str:
 def read_rows(path: str | Path, checker: RowChecker) -> Iterator[InputRow]:
     """Every row of ``path`` (JSONL, or Parquet by its suffix), in file order."""
     path = Path(path)
-    if not path.is_file():
+    try:
+        found = path.is_file()
+    except OSError as exc:  # a name the system refuses (too long, say)
+        raise InputError(f"input file {_short(str(path))}: {exc.strerror}") from None
+    if not found:
         raise InputError(f"input file {path} does not exist")
     if is_parquet(path):
         from .parquet import read_parquet_rows
@@ -136,5 +140,8 @@ def _read_jsonl(path: Path, checker: RowChecker) -> Iterator[InputRow]:
                 continue
             except json.JSONDecodeError as exc:
                 yield InputRow(number, "line", number, error=f"not valid JSON: {exc}")
+                continue
+            except RecursionError:
+                yield InputRow(number, "line", number, error="JSON nested too deep to read")
                 continue
             yield checker(number, "line", data)

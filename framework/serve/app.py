@@ -31,17 +31,30 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import ConfigError, InputError
 from ..outputs import StreamPiece
+from .chat_page import chat_page_routes, is_page_path
 from .engine import RowHandle
 from .errors import RequestError, shutting_down
 from .metrics import render
 from .openai_api import ParsedRequest, parse_chat, parse_completion
+from .openapi import PUBLIC_PATHS, openapi_document
 from .responses import Answer, Choice
 from .state import ServerState
 
 log = logging.getLogger("ortgen.serve")
 
+#: the deepest nesting a request body may have: code that walks a value (a tool's
+#: parameters, a schema) would run out of Python's recursion on a much deeper one
+MAX_DEPTH = 100
 #: routes as /metrics labels them (anything else is "other", to bound the label set)
-ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+ROUTES = (
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/models",
+    "/health",
+    "/metrics",
+    "/openapi.json",
+    "/",
+)
 
 
 # -- generation routes -----------------------------------------------------------------
@@ -91,9 +104,26 @@ async def _read_json(request: Request, limit: int) -> dict[str, Any]:
         body = json.loads(data)
     except ValueError as exc:
         raise RequestError(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise RequestError("the request body is JSON nested too deep to read") from None
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
+    if _too_deep(body, MAX_DEPTH):
+        raise RequestError(f"the request body is JSON nested deeper than {MAX_DEPTH} levels")
     return body
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists and objects deeper than ``limit`` (without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _row_error(error: BaseException | None) -> RequestError:
@@ -240,6 +270,12 @@ async def health(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
+async def openapi(request: Request) -> Response:
+    """The OpenAPI document (``openapi``): open like /health, so tools can read it."""
+    state: ServerState = request.app.state.ortgen
+    return JSONResponse(openapi_document(api_key=state.api_key is not None))
+
+
 async def metrics(request: Request) -> Response:
     state: ServerState = request.app.state.ortgen
     text = render(state.engine.stats, state.http, model=state.model_id)
@@ -271,8 +307,9 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 
 
 class _Guard:
-    """Checks ``Authorization: Bearer KEY`` on every route but ``/health`` (when the
-    server has a key) and counts responses by route and status for ``/metrics``."""
+    """Checks ``Authorization: Bearer KEY`` on every route but ``/health`` and
+    ``/openapi.json`` (when the server has a key) and counts responses by route and
+    status for ``/metrics``."""
 
     def __init__(self, app: ASGIApp, state: ServerState) -> None:
         self.app = app
@@ -294,7 +331,12 @@ class _Guard:
             await send(message)
 
         try:
-            if self._expected is not None and path != "/health" and not self._authorised(scope):
+            if (
+                self._expected is not None
+                and path not in PUBLIC_PATHS
+                and not (self.state.web and is_page_path(path))
+                and not self._authorised(scope)
+            ):
                 error = RequestError(
                     "missing or wrong API key: send the header 'Authorization: Bearer KEY'",
                     status=401,
@@ -335,6 +377,8 @@ def build_app(state: ServerState) -> Starlette:
             Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
+            Route("/openapi.json", openapi, methods=["GET"]),
+            *(chat_page_routes() if state.web else ()),
         ],
         middleware=[Middleware(_Guard, state=state)],
         exception_handlers={

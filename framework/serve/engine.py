@@ -268,6 +268,7 @@ class Engine:
             cancelled = [r for r, handle in enumerate(rows) if handle.cancelled.is_set()]
             self._leave(rows, cancelled, "cancelled")
             if not rows:
+                self.stats.batch_size = 0  # /metrics: idle, not the last batch's size
                 continue
             self.stats.batch_size = len(rows)
             self.stats.peak_batch_size = max(self.stats.peak_batch_size, len(rows))

@@ -30,7 +30,7 @@ from ..structured_settings import CONSTRAINT_FIELDS
 from ..tool_calls import ToolPlan, plan_tools
 from .engine import Engine
 from .errors import RequestError
-from .openai_fields import boolean, integer, settings_of
+from .openai_fields import COMPLETION_LOGPROBS, INTEGERS, boolean, integer, settings_of
 
 #: the ortgen components a request may name; checked against the registry before queuing
 COMPONENT_KINDS = {
@@ -79,7 +79,7 @@ def parse_completion(
     if "prompt" not in body:
         raise RequestError("prompt is required", param="prompt")
     prompts = _completion_prompts(body["prompt"], gen)
-    logprobs = integer(body, "logprobs", 0, 5)
+    logprobs = integer(body, "logprobs", *COMPLETION_LOGPROBS)
     settings, names, rest = settings_of(body, chat=False)
     if logprobs is not None:
         settings.update(logprobs=True, top_logprobs=logprobs)
@@ -93,7 +93,7 @@ def parse_chat(body: Mapping[str, Any], gen: TextGenerator, *, max_rows: int) ->
     if "messages" not in body:
         raise RequestError("messages is required", param="messages")
     logprobs = boolean(body, "logprobs")
-    top = integer(body, "top_logprobs", 0, 20)
+    top = integer(body, "top_logprobs", *INTEGERS["top_logprobs"])
     if top and not logprobs:
         raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
     settings, names, rest = settings_of(body, chat=True)

@@ -3,6 +3,9 @@
 Ranges are OpenAI's (``temperature`` in [0, 2], ``stop`` up to 4 strings, ...), checked
 here so the error names the field the client sent. What is not an OpenAI field is kept as
 an ortgen setting for ``resolve_config`` to judge (the OpenAI client's ``extra_body``).
+``COMPLETION_FIELDS`` and ``CHAT_FIELDS`` list the fields each route reads with the JSON
+schema of their values (the ranges from ``NUMBERS`` and ``INTEGERS``, the ones checked
+here): ``openapi`` publishes them at ``/openapi.json``.
 """
 
 from __future__ import annotations
@@ -14,6 +17,23 @@ from .errors import RequestError
 
 #: most rows (prompts x n) one request may ask for: one request must fit the engine
 MAX_N = 128
+#: OpenAI's ranges of the numeric fields, checked here and published in the schemas
+#: (``openapi``): field -> (low, high); an integer's high None is unbounded
+NUMBERS: dict[str, tuple[float, float]] = {
+    "temperature": (0.0, 2.0),
+    "top_p": (0.0, 1.0),
+    "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0),
+}
+INTEGERS: dict[str, tuple[int, int | None]] = {
+    "max_tokens": (1, None),
+    "max_completion_tokens": (1, None),
+    "n": (1, MAX_N),
+    "seed": (0, None),
+    "top_logprobs": (0, 20),  # chat
+}
+#: ``logprobs`` of /v1/completions: how many alternatives per token (chat: true or false)
+COMPLETION_LOGPROBS = (0, 5)
 #: accepted and ignored: they change nothing here
 IGNORED = frozenset(
     {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"}
@@ -28,6 +48,165 @@ UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "modalities": ((None, ["text"]), "the server generates text only"),
     "audio": ((None,), "the server generates text only"),
 }
+
+
+_OBJECT_OR_NULL = {"type": ["object", "null"]}
+
+
+def _number_schema(key: str) -> dict[str, Any]:
+    low, high = NUMBERS[key]
+    return {"type": ["number", "null"], "minimum": low, "maximum": high}
+
+
+def _integer_schema(low: int, high: int | None) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": ["integer", "null"], "minimum": low}
+    return schema if high is None else {**schema, "maximum": high}
+
+
+_STOP = {
+    "anyOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 4},
+        {"type": "null"},
+    ]
+}
+_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+_PROMPT = {
+    "anyOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1},
+        _TOKEN_IDS,
+        {"type": "array", "items": _TOKEN_IDS, "minItems": 1},
+    ]
+}
+_PART = {
+    "type": "object",
+    "required": ["type"],
+    "properties": {"type": {"type": "string"}, "text": {"type": "string"}},
+}
+_MESSAGE = {
+    "type": "object",
+    "required": ["role"],
+    "properties": {
+        "role": {"type": "string", "examples": ["system", "user", "assistant", "tool"]},
+        "content": {
+            "anyOf": [
+                {"type": "string"},
+                {"type": "array", "items": _PART},
+                {"type": "object"},  # a tool result as a JSON object (role tool)
+                {"type": "null"},  # only with tool_calls
+            ]
+        },
+        "name": {"type": "string"},
+        "tool_calls": {"type": "array", "items": {"type": "object"}},
+        "tool_call_id": {"type": "string"},
+    },
+}
+_TOOL = {
+    "type": "object",
+    "required": ["type", "function"],
+    "properties": {
+        "type": {"const": "function"},
+        "function": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string"},
+                "description": {"type": "string"},
+                "parameters": {"type": "object"},
+                "strict": {"type": ["boolean", "null"]},
+            },
+        },
+    },
+}
+_STREAM_OPTIONS = {
+    "type": ["object", "null"],
+    "properties": {
+        "include_usage": {"type": ["boolean", "null"]},
+        "include_obfuscation": {"type": ["boolean", "null"]},
+    },
+    "additionalProperties": False,
+    "description": "only with stream=true",
+}
+
+#: The OpenAI fields each route reads, with the JSON schema of its value: what
+#: ``settings_of`` and ``openai_api`` read by name (any other key is an ortgen setting)
+#: and what ``openapi`` publishes. Ranges come from NUMBERS and INTEGERS above.
+COMMON_FIELDS: dict[str, dict[str, Any]] = {
+    "model": {"type": "string", "description": "any string: the server has one model"},
+    "max_tokens": _integer_schema(*INTEGERS["max_tokens"]),
+    "temperature": _number_schema("temperature"),
+    "top_p": _number_schema("top_p"),
+    "n": _integer_schema(*INTEGERS["n"]),
+    "stop": _STOP,
+    "seed": _integer_schema(*INTEGERS["seed"]),
+    "presence_penalty": _number_schema("presence_penalty"),
+    "frequency_penalty": _number_schema("frequency_penalty"),
+    "logit_bias": {
+        "type": ["object", "null"],
+        "propertyNames": {"pattern": "^[0-9]+$"},
+        "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+    },
+    "stream": {"type": ["boolean", "null"]},
+    "stream_options": _STREAM_OPTIONS,
+}
+COMPLETION_FIELDS: dict[str, dict[str, Any]] = {
+    "prompt": _PROMPT,
+    **COMMON_FIELDS,
+    "logprobs": _integer_schema(*COMPLETION_LOGPROBS),
+}
+CHAT_FIELDS: dict[str, dict[str, Any]] = {
+    "messages": {"type": "array", "items": _MESSAGE, "minItems": 1},
+    **COMMON_FIELDS,
+    "max_completion_tokens": _integer_schema(*INTEGERS["max_completion_tokens"]),
+    "logprobs": {"type": ["boolean", "null"]},
+    "top_logprobs": _integer_schema(*INTEGERS["top_logprobs"]),
+    "tools": {"type": ["array", "null"], "items": _TOOL},
+    "tool_choice": {
+        "anyOf": [
+            {"enum": ["none", "auto", "required", None]},
+            {
+                "type": "object",
+                "required": ["type", "function"],
+                "properties": {
+                    "type": {"const": "function"},
+                    "function": {
+                        "type": "object",
+                        "required": ["name"],
+                        "properties": {"name": {"type": "string"}},
+                    },
+                },
+            },
+        ]
+    },
+    "parallel_tool_calls": {"type": ["boolean", "null"]},
+    "response_format": {
+        "anyOf": [
+            {
+                "type": "object",
+                "required": ["type"],
+                "properties": {
+                    "type": {"enum": ["text", "json_object", "json_schema"]},
+                    "json_schema": {
+                        "type": "object",
+                        "properties": {
+                            "name": {"type": "string"},
+                            "schema": {"type": "object"},
+                            "strict": {"type": ["boolean", "null"]},
+                        },
+                    },
+                },
+            },
+            {"type": "null"},
+        ]
+    },
+    "chat_template_kwargs": {
+        **_OBJECT_OR_NULL,
+        "description": "variables for the chat template (enable_thinking, ...); not tools",
+    },
+}
+#: what ``settings_of`` reads by name on either route (every other key is a setting)
+OPENAI_FIELDS = frozenset(COMPLETION_FIELDS) | frozenset(CHAT_FIELDS)
 
 
 def number(body: Mapping[str, Any], key: str, low: float, high: float) -> float | None:
@@ -64,19 +243,12 @@ def settings_of(
 ) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
     """The OpenAI sampling fields as ortgen settings, the field each came from, and the
     fields still to place (n, seed, stream). Other keys are ortgen settings as given."""
-    openai_fields = {
-        "model", "prompt", "messages", "tools", "tool_choice", "parallel_tool_calls",
-        "response_format", "chat_template_kwargs", "max_tokens",
-        "max_completion_tokens", "temperature", "top_p", "n", "stop", "seed", "logprobs",
-        "top_logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "stream",
-        "stream_options",
-    }  # fmt: skip
     if not isinstance(body.get("model", ""), str):
         raise RequestError("model must be a string", param="model")
     settings: dict[str, Any] = {}
     names: dict[str, str] = {}
     for key, value in body.items():
-        if key in openai_fields or key in IGNORED:
+        if key in OPENAI_FIELDS or key in IGNORED:
             continue
         if key in UNSUPPORTED:
             allowed, why = UNSUPPORTED[key]
@@ -99,9 +271,9 @@ def settings_of(
     if len(given) > 1:
         raise RequestError("give max_completion_tokens or max_tokens, not both", param=given[1])
     for key in given:
-        put("max_new_tokens", integer(body, key, 1), key)
-    temperature = number(body, "temperature", 0.0, 2.0)
-    top_p = number(body, "top_p", 0.0, 1.0)
+        put("max_new_tokens", integer(body, key, *INTEGERS[key]), key)
+    temperature = number(body, "temperature", *NUMBERS["temperature"])
+    top_p = number(body, "top_p", *NUMBERS["top_p"])
     if temperature is not None:
         if "do_sample" not in settings:
             put("do_sample", temperature > 0, "temperature")
@@ -111,11 +283,11 @@ def settings_of(
         put("top_p", top_p, "top_p")
     put("stop_strings", _stop(body.get("stop")), "stop")
     for key in ("presence_penalty", "frequency_penalty"):
-        put(key, number(body, key, -2.0, 2.0), key)
+        put(key, number(body, key, *NUMBERS[key]), key)
     put("logit_bias", body.get("logit_bias"), "logit_bias")
     rest = {
-        "n": integer(body, "n", 1, MAX_N) or 1,
-        "seed": integer(body, "seed", 0),
+        "n": integer(body, "n", *INTEGERS["n"]) or 1,
+        "seed": integer(body, "seed", *INTEGERS["seed"]),
         "stream": bool(boolean(body, "stream")),
         "include_usage": _stream_options(body),
     }

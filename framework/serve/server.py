@@ -54,6 +54,7 @@ def main(args: argparse.Namespace) -> int:
         model_id=gen.path.name,
         api_key=args.api_key or os.environ.get("ORTGEN_API_KEY") or None,
         max_body_bytes=args.max_body_bytes,
+        web=not getattr(args, "no_web", False),
     )
     sock = _bind(args.host, args.port)
     config = uvicorn.Config(
@@ -145,3 +146,5 @@ class _Server(uvicorn.Server):
         await super().startup(sockets)
         if self.started and sockets:
             print(f"ortgen serve: {self.state.model_id} at {_url(sockets[0])}/v1", flush=True)
+            if self.state.web:
+                print(f"ortgen serve: chat page: open {_url(sockets[0])}/", flush=True)

@@ -34,6 +34,7 @@ class ServerState:
         model_id: str,
         api_key: str | None = None,
         max_body_bytes: int = 1 << 20,
+        web: bool = True,
     ) -> None:
         if gen.tokenizer is None:
             raise InputError(f"ortgen serve needs a model with a tokenizer; {gen.path} has none")
@@ -42,6 +43,7 @@ class ServerState:
         self.model_id = model_id
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
+        self.web = web  # the chat page at / (``--no-web``: off)
         self.max_rows = max(1, engine.max_queue)  # what one request can surely queue
         self.words = TokenText(gen.tokenizer)
         self.http = HttpStats()

@@ -26,7 +26,7 @@ from typing import Any
 from ..errors import InputError, ModelLoadError
 from .content_format import ContentFormat, detect_content_format, join_text_parts
 
-__all__ = ["ChatTemplate"]
+__all__ = ["ChatTemplate", "check_messages"]
 
 # transformers marks the final message with this before rendering and cuts the prompt
 # where it lands, for continue_final_message (render_jinja_template).
@@ -119,7 +119,7 @@ class ChatTemplate:
                 "continue, add_generation_prompt starts a new assistant message; pass "
                 "add_generation_prompt=False (it is on by default)"
             )
-        checked = _check_messages(messages)
+        checked = check_messages(messages)
         tools = _check_tools(options.pop("tools", None))
         documents = _check_documents(options.pop("documents", None))
         final_text = _mark_final_message(checked) if continue_final else None
@@ -200,7 +200,7 @@ def _drop_tokenize_options(options: dict[str, Any]) -> None:
             )
 
 
-def _check_messages(messages: Any) -> list[dict[str, Any]]:
+def check_messages(messages: Any) -> list[dict[str, Any]]:
     """Shallow copies of ``messages`` after checking their shape (see the module doc).
 
     Checks only what every template relies on, so nothing a template could render is
@@ -233,6 +233,8 @@ def _check_message(i: int, msg: Any) -> dict[str, Any]:
         )
     if not isinstance(msg["role"], str):
         raise InputError(f"{where}['role'] is a {type(msg['role']).__name__}; it must be a str")
+    if not msg["role"].strip():
+        raise InputError(f"{where}['role'] is empty; name who speaks ('user', 'assistant', ...)")
     has_calls = _check_tool_calls(where, msg.get("tool_calls"))
     content = msg.get("content")
     if content is None:

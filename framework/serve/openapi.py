@@ -1,0 +1,294 @@
+"""The OpenAPI 3.1 document of ``ortgen serve``, served at ``GET /openapi.json``.
+
+Built from the tables the server parses requests with, so it cannot drift from them:
+the OpenAI fields and their ranges (``openai_fields``: ``COMPLETION_FIELDS``,
+``CHAT_FIELDS``, ``IGNORED``, ``UNSUPPORTED``) and the ortgen settings a request may add
+(``ortgen.config.FIELDS``, typed by ``ortgen.config_values``; the Hugging Face fields
+ortgen ignores or accepts only at their default). Value ranges of the ortgen settings
+are checked by ``resolve_config`` and not repeated here: a value of the right type may
+still be refused, with a 400 naming it. Clients and schemathesis read it
+(``tests/test_fuzz_server.py`` fuzzes the server from it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import FIELDS, IGNORED_HF_FIELDS, UNSUPPORTED_HF_FIELDS
+from ..config_values import BOOL_FIELDS, FLOAT_FIELDS, INT_FIELDS, TOKEN_LIST_FIELDS
+from ..version import __version__
+from .openai_fields import CHAT_FIELDS, COMPLETION_FIELDS, IGNORED, OPENAI_FIELDS, UNSUPPORTED
+
+__all__ = ["openapi_document"]
+
+#: routes that answer without the API key (``app._Guard``)
+PUBLIC_PATHS = ("/health", "/openapi.json")
+
+_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string", "examples": ["invalid_request_error", "server_error"]},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
+_USAGE = {
+    "type": "object",
+    "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
+    "properties": {
+        key: {"type": "integer", "minimum": 0}
+        for key in ("prompt_tokens", "completion_tokens", "total_tokens")
+    },
+}
+_FINISH = {"type": ["string", "null"], "examples": ["stop", "length", "tool_calls"]}
+
+
+def _answer(obj: str, choice: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["id", "object", "created", "model", "choices"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": obj},
+            "created": {"type": "integer"},
+            "model": {"type": "string"},
+            "choices": {"type": "array", "items": choice},
+            "usage": _USAGE,
+        },
+    }
+
+
+_COMPLETION = _answer(
+    "text_completion",
+    {
+        "type": "object",
+        "required": ["index", "text", "finish_reason"],
+        "properties": {
+            "index": {"type": "integer", "minimum": 0},
+            "text": {"type": "string"},
+            "finish_reason": _FINISH,
+            "logprobs": {"type": ["object", "null"]},
+        },
+    },
+)
+_CHAT_COMPLETION = _answer(
+    "chat.completion",
+    {
+        "type": "object",
+        "required": ["index", "message", "finish_reason"],
+        "properties": {
+            "index": {"type": "integer", "minimum": 0},
+            "message": {
+                "type": "object",
+                "required": ["role"],
+                "properties": {
+                    "role": {"const": "assistant"},
+                    "content": {"type": ["string", "null"]},
+                    "tool_calls": {"type": "array", "items": {"type": "object"}},
+                },
+            },
+            "finish_reason": _FINISH,
+            "logprobs": {"type": ["object", "null"]},
+        },
+    },
+)
+_MODEL = {
+    "type": "object",
+    "required": ["id", "object", "created", "owned_by"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"const": "model"},
+        "created": {"type": "integer"},
+        "owned_by": {"type": "string"},
+    },
+}
+_MODEL_LIST = {
+    "type": "object",
+    "required": ["object", "data"],
+    "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": _MODEL}},
+}
+_HEALTH = {
+    "type": "object",
+    "required": ["status"],
+    "properties": {"status": {"enum": ["ok", "shutting_down"]}},
+}
+
+
+def _setting_schema(name: str) -> dict[str, Any]:
+    """The JSON type of one ortgen setting (its range is resolve_config's to check)."""
+    nullable = FIELDS[name].default is None or name == "max_new_tokens"
+    if name in INT_FIELDS:
+        schema: dict[str, Any] = {"type": "integer"}
+    elif name in FLOAT_FIELDS:
+        schema = {"type": "number"}
+    elif name in BOOL_FIELDS:
+        schema = {"type": "boolean"}
+    elif name in TOKEN_LIST_FIELDS:
+        schema = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+    else:  # lists, tables, components, constraints: their shapes are in docs/config.md
+        return {"description": "an ortgen setting (docs/config.md)"}
+    if nullable:
+        schema["type"] = [schema["type"], "null"]
+    return {**schema, "description": "an ortgen setting (docs/config.md)"}
+
+
+def _extra_fields() -> dict[str, dict[str, Any]]:
+    """What a request may carry besides the OpenAI fields: ortgen settings (the OpenAI
+    client's ``extra_body``), and fields accepted and ignored or accepted at a default."""
+    out: dict[str, dict[str, Any]] = {
+        name: _setting_schema(name) for name in FIELDS if name not in OPENAI_FIELDS
+    }
+    for name in IGNORED_HF_FIELDS:
+        out[name] = {"description": "a Hugging Face field ortgen ignores (a warning)"}
+    for name, (default, why) in UNSUPPORTED_HF_FIELDS.items():
+        out[name] = {"enum": [default], "description": f"only the default: {why}"}
+    for name in IGNORED:
+        out[name] = {"description": "accepted and ignored"}
+    for name, (allowed, why) in UNSUPPORTED.items():
+        out[name] = {"enum": list(allowed), "description": f"only the default: {why}"}
+    return out
+
+
+def _request(fields: dict[str, dict[str, Any]], required: str) -> dict[str, Any]:
+    extra = _extra_fields()
+    for name in OPENAI_FIELDS - set(fields):  # settings_of skips them on either route
+        extra[name] = {"description": "a field of the other route: accepted and ignored"}
+    return {
+        "type": "object",
+        "required": [required],
+        "properties": {**extra, **fields},
+        "additionalProperties": False,
+    }
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    error = {"$ref": "#/components/schemas/Error"}
+    return {str(status): _json(error, "an OpenAI error body") for status in statuses}
+
+
+def _generation(request: str, answer: str, summary: str) -> dict[str, Any]:
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {"schema": {"$ref": f"#/components/schemas/{request}"}}
+                },
+            },
+            "responses": {
+                "200": {
+                    "description": "the answer; with stream=true, server-sent events of "
+                    "chunks, then data: [DONE]",
+                    "content": {
+                        "application/json": {"schema": {"$ref": f"#/components/schemas/{answer}"}},
+                        "text/event-stream": {"schema": {"type": "string"}},
+                    },
+                },
+                **_errors(400, 401, 413, 429, 500, 503),
+            },
+        }
+    }
+
+
+def openapi_document(*, api_key: bool = False) -> dict[str, Any]:
+    """The OpenAPI 3.1 document; with ``api_key``, the routes that need the key say so
+    (``/health`` and ``/openapi.json`` are open)."""
+    paths: dict[str, Any] = {
+        "/v1/completions": _generation("CompletionRequest", "Completion", "a text completion"),
+        "/v1/chat/completions": _generation(
+            "ChatCompletionRequest", "ChatCompletion", "an answer to a conversation"
+        ),
+        "/v1/models": {
+            "get": {
+                "summary": "the one model this server serves",
+                "responses": {
+                    "200": _json({"$ref": "#/components/schemas/ModelList"}, "the models"),
+                    **_errors(401),
+                },
+            }
+        },
+        "/v1/models/{model_id}": {
+            "get": {
+                "summary": "the model, by its id",
+                "parameters": [
+                    {
+                        "name": "model_id",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "string"},
+                    }
+                ],
+                "responses": {
+                    "200": _json({"$ref": "#/components/schemas/Model"}, "the model"),
+                    **_errors(401, 404),
+                },
+            }
+        },
+        "/health": {
+            "get": {
+                "summary": "whether the server takes requests (no API key needed)",
+                "responses": {
+                    "200": _json(_HEALTH, "serving"),
+                    "503": _json(_HEALTH, "draining after SIGTERM"),
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics",
+                "responses": {
+                    "200": {
+                        "description": "the Prometheus text format",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    },
+                    **_errors(401),
+                },
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "summary": "this document (no API key needed)",
+                "responses": {"200": _json({"type": "object"}, "the OpenAPI document")},
+            }
+        },
+    }
+    document: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "ortgen serve",
+            "version": __version__,
+            "description": "OpenAI-compatible text generation on ONNX Runtime (docs/server.md)",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": {
+                "CompletionRequest": _request(COMPLETION_FIELDS, "prompt"),
+                "ChatCompletionRequest": _request(CHAT_FIELDS, "messages"),
+                "Completion": _COMPLETION,
+                "ChatCompletion": _CHAT_COMPLETION,
+                "Model": _MODEL,
+                "ModelList": _MODEL_LIST,
+                "Error": _ERROR,
+            }
+        },
+    }
+    if api_key:
+        document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        for path, item in paths.items():
+            if path not in PUBLIC_PATHS:
+                for operation in item.values():
+                    operation["security"] = [{"bearer": []}]
+    return document
