@@ -8,8 +8,14 @@ Every engine gets the same prompt token ids (no tokenizer differences), generate
 number of greedy tokens with EOS ignored, and reports prefill and decode separately. The
 greedy tokens are compared with transformers PyTorch fp32 (the reference) as the length of
 the common prefix: fp32 engines should match all of them; quantised ones diverge after a
-few tokens, which is chaotic rather than a quality measure (``ortgen bench`` adds
-teacher-forced agreement and perplexity where it is used).
+few tokens, which is chaotic rather than a quality measure. A run that returns another
+number of tokens than asked for, or says it stopped early, is a failed run, not a sample.
+
+Output quality, once per engine apart from the timed runs (the quality pass): the
+perplexity of ``ortgen bench``'s evaluation text, teacher-forced, and top-1 agreement with
+the fp32 reference (``--reference``) at each position: ``ortgen bench --quality`` for the
+ortgen columns, each peer runner's ``--eval-ids`` mode for llama.cpp and onnxruntime-genai
+(the same ids, from ortgen's tokenizer; the reference's top-1 from ortgen's scoring).
 
 Engines (runner scripts in benchmarks/engines/, one engine's imports each):
 
@@ -307,13 +313,34 @@ def parse_result(stdout: str) -> dict | None:
     return None
 
 
-def run_once(engine: Engine, prompt_file: Path, args: argparse.Namespace, threads: int):
-    """One fresh process of one engine; the result dict, or an error string."""
+def run_problem(result: dict, new_tokens: int) -> str | None:
+    """Why a timed run's result cannot stand beside the others, or None: every engine must
+    produce exactly ``new_tokens`` greedy tokens (EOS ignored), so a peer that stopped early
+    (onnxruntime-genai on its stand-in EOS) or returned another count timed other work."""
+    tokens = result.get("greedy_tokens")
+    if result.get("stopped_early"):
+        count = len(tokens) if isinstance(tokens, list) else "?"
+        return f"stopped early ({count} of {new_tokens} tokens)"
+    if not isinstance(tokens, list) or len(tokens) != new_tokens:
+        count = len(tokens) if isinstance(tokens, list) else "no"
+        return f"{count} greedy tokens, not the {new_tokens} asked for"
+    return None
+
+
+def run_once(
+    engine: Engine,
+    prompt_file: Path,
+    args: argparse.Namespace,
+    threads: int,
+    extra: list[str] | None = None,
+):
+    """One fresh process of one engine; the result dict, or an error string. A timed run
+    (no ``extra``) must have produced exactly ``args.new_tokens`` tokens."""
     env = dict(os.environ)
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         env[name] = str(threads)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    command = engine.command(prompt_file, args.new_tokens, threads)
+    command = [*engine.command(prompt_file, args.new_tokens, threads), *(extra or [])]
     start = time.perf_counter()
     try:
         done = subprocess.run(
@@ -326,6 +353,9 @@ def run_once(engine: Engine, prompt_file: Path, args: argparse.Namespace, thread
     if result is None:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         return f"exit {done.returncode}: " + " | ".join(tail)
+    problem = None if extra else run_problem(result, args.new_tokens)
+    if problem:
+        return problem
     result["process_s"] = wall
     return result
 
@@ -333,22 +363,32 @@ def run_once(engine: Engine, prompt_file: Path, args: argparse.Namespace, thread
 def quality_pass(
     engines: list[Engine], prompt_file: Path, args: argparse.Namespace, runs: list[dict]
 ) -> None:
-    """One ``ortgen bench`` run per ortgen column with perplexity and top-1 agreement: the
-    same on every run, so measured once, apart from the timed runs (not in their medians)."""
+    """Output quality, once per engine, apart from the timed runs (not in their medians):
+    ``ortgen bench --quality`` for an ortgen column; a peer runner's ``--eval-ids`` mode for
+    llama.cpp and onnxruntime-genai, whose top-1 this compares with the reference's."""
     reference = Path(args.reference)
+    threads = max(args.threads)
+    peers = [e for e in engines if e.script in ("run_genai.py", "run_llama_cpp.py")]
+    scored = None
+    if peers:
+        scored = reference_scores(Path(args.main_python), reference, prompt_file, args.eval_tokens)
+    if isinstance(scored, str):
+        log(f"quality of the peers: {scored}")
     for engine in engines:
-        if engine.script != "run_ortgen.py" or "cli" not in engine.extra:
-            continue
-        extra = ["--quality"]
-        if (reference / "model.onnx").exists():
-            extra += ["--reference", str(reference)]
-        quality = Engine(
-            engine.key, engine.label, engine.python, engine.script, engine.model,
-            [*engine.extra, *extra],
-        )  # fmt: skip
-        threads = max(args.threads)
-        outcome = run_once(quality, prompt_file, args, threads)
         record = {"round": None, "threads": threads, "engine": engine.key, "quality": True}
+        if engine.script == "run_ortgen.py" and "cli" in engine.extra:
+            extra = ["--quality"]
+            if (reference / "model.onnx").exists():
+                extra += ["--reference", str(reference)]
+            if args.eval_tokens:
+                extra += ["--eval-tokens", str(args.eval_tokens)]
+            outcome = run_once(engine, prompt_file, args, threads, extra)
+        elif engine in peers and isinstance(scored, dict):
+            outcome = run_once(engine, prompt_file, args, threads, ["--eval-ids", scored["file"]])
+            if isinstance(outcome, dict):
+                outcome = peer_quality(outcome, scored)
+        else:
+            continue
         if isinstance(outcome, str):
             record["error"] = outcome
             log(f"quality {engine.key}: FAILED {outcome}")
@@ -359,6 +399,49 @@ def quality_pass(
                 f"top-1 agreement {fmt(outcome.get('agreement_top1'), '.4f')}"
             )
         runs.append(record)
+
+
+def reference_scores(
+    main_py: Path, reference: Path, prompt_file: Path, eval_tokens: int | None = None
+) -> dict | str:
+    """The evaluation text's ids (written next to the prompt, for the peer runners) and the
+    reference folder's perplexity and top-1 per position, scored by ortgen in the main venv
+    as ``ortgen bench`` scores it; or why not."""
+    if not (reference / "model.onnx").exists():
+        return f"no reference folder {reference}"
+    ids_file = prompt_file.with_name(prompt_file.stem + "-eval-ids.json")
+    code = (
+        "import json, sys\nimport ortgen\n"
+        "from ortgen.bench.quality import eval_ids, score_tokens\n"
+        "gen = ortgen.load(sys.argv[1], threads=2)\n"
+        "ids = eval_ids(gen)[: int(sys.argv[3]) or None]\n"
+        "scores = score_tokens(gen, ids)\n"
+        "open(sys.argv[2], 'w').write(json.dumps(ids))\n"
+        "print(json.dumps({'perplexity': scores.perplexity, 'top1': scores.top1.tolist()}))\n"
+    )
+    done = subprocess.run(
+        [str(main_py), "-c", code, str(reference), str(ids_file), str(eval_tokens or 0)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    result = parse_result(done.stdout) if done.returncode == 0 else None
+    if result is None:
+        return "scoring the reference failed: " + (done.stderr.strip().splitlines() or ["?"])[-1]
+    return {**result, "file": str(ids_file)}
+
+
+def peer_quality(outcome: dict, reference: dict) -> dict:
+    """A peer's quality line with its top-1 agreement with the reference (the same keys
+    ``ortgen bench`` reports)."""
+    mine, theirs = outcome.get("top1") or [], reference["top1"]
+    if len(mine) != len(theirs):
+        raise ValueError(f"{len(mine)} positions scored, the reference has {len(theirs)}")
+    same = sum(a == b for a, b in zip(mine, theirs, strict=True))
+    return {
+        "perplexity": outcome.get("perplexity"),
+        "reference_perplexity": reference["perplexity"],
+        "agreement_top1": same / len(theirs),
+        "eval_tokens": outcome.get("eval_tokens"),
+    }
 
 
 def median(values: list[float]) -> float | None:
@@ -408,7 +491,11 @@ def summarise(engines: list[Engine], runs: list[dict], threads_list: list[int]) 
             for extra in ("decode_ms_per_token_p50", "python_ms_per_token", "session_run_share"):
                 if any(r.get(extra) is not None for r in ok):
                     row[extra] = median([r.get(extra) for r in ok])
-            quality = [r["result"] for r in runs if r["engine"] == engine.key and r.get("quality")]
+            quality = [
+                r["result"]
+                for r in runs
+                if r["engine"] == engine.key and r.get("quality") and "result" in r
+            ]
             for extra in ("agreement_top1", "perplexity", "reference_perplexity"):
                 if quality and quality[-1].get(extra) is not None:
                     row[extra] = quality[-1][extra]
@@ -474,8 +561,9 @@ def markdown(rows: list[dict], meta: dict) -> str:
     quality = [r for r in rows if r["threads"] == meta["threads"][0] and "perplexity" in r]
     if quality:
         lines += [
-            f"**Quality** (`ortgen bench`: perplexity on its fixed evaluation text, teacher-forced "
-            f"top-1 agreement with `{meta['reference']}`)",
+            "**Quality** (each engine's output: perplexity of `ortgen bench`'s evaluation "
+            "text, teacher-forced, and top-1 agreement with the fp32 reference "
+            f"`{meta['reference']}` at each position)",
             "",
             "| engine | perplexity | reference perplexity | top-1 agreement |",
             "|---|---|---|---|",
@@ -575,7 +663,10 @@ def main() -> None:
         help="fp32 ortgen folder for `ortgen bench`'s top-1 agreement (the quality pass)",
     )
     parser.add_argument(
-        "--no-quality", action="store_true", help="skip the one quality run per ortgen model"
+        "--no-quality", action="store_true", help="skip the one quality run per engine"
+    )
+    parser.add_argument(
+        "--eval-tokens", type=int, help="score only this many tokens of the evaluation text"
     )
     parser.add_argument("--prompt-ids", help="JSON list of token ids (default: the chat prompt)")
     parser.add_argument("--main-python", default=str(MAIN_PY))

@@ -3,11 +3,28 @@ real default model (built on first use, kept in exported_models/)."""
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
 
 from tests.tiny_models import TINY_ARCHS, export_backbone, export_tiny, export_without_past
+
+# Hypothesis profiles of the fuzz tests (tests/test_fuzz_*.py, tests/fuzz_settings.py):
+# in `make test` each fuzz test runs its own few examples and keeps no database;
+# `make fuzz` (HYPOTHESIS_PROFILE=fuzz) runs many more, and keeps the failures it finds
+# in a git-ignored folder so the next run replays them first.
+settings.register_profile(
+    "fuzz",
+    max_examples=1000,
+    deadline=None,
+    database=DirectoryBasedExampleDatabase(".pytest_cache/hypothesis-fuzz"),
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 @pytest.fixture(scope="session")
@@ -132,3 +149,79 @@ def default_hf(default_model_dir: Path):
 
     gguf = download_default_gguf(default_model_dir.parent / ".cache")
     return AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name).eval()
+
+
+# -- the suite's own rules: no unexpected skip, the default model's marker ---------------
+
+#: Skips a run may have: (a pattern searched in the skip's reason, why it depends on the
+#: hardware). Every other skip fails the session, even when every test passed: a package,
+#: console script or file that is missing is a broken install, not a pass, and a test
+#: skipped where its behaviour can differ hides the case that matters. Add an entry only
+#: for a skip that depends on the machine (a CPU feature, an accelerator), never on an
+#: install. None is needed today: the one a run had (tests/test_serve_slots.py, on CPUs
+#: whose int8 kernels round a batch's rows apart) now checks what still holds there.
+#: Locally, ORTGEN_ALLOW_SKIPS=1 reports unexpected skips without failing the session.
+ALLOWED_SKIPS: tuple[tuple[str, str], ...] = ()
+
+#: Fixtures that load or build the real default model: a test that requests one (directly
+#: or through another fixture) gets the ``default_model`` marker if it lacks it, so
+#: ``-m "not default_model"`` always leaves the default model alone.
+DEFAULT_MODEL_FIXTURES = frozenset(
+    {"default_model_dir", "default_gen", "reference_model_dir", "reference_gen", "default_hf"}
+)
+
+_unexpected_skips: list[tuple[str, str]] = []
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        uses = DEFAULT_MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if uses and item.get_closest_marker("default_model") is None:
+            item.add_marker(pytest.mark.default_model)
+
+
+def _skip_reason(report: pytest.CollectReport | pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple):  # (path, line, "Skipped: reason")
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+def _note_skip(report: pytest.CollectReport | pytest.TestReport) -> None:
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return
+    reason = _skip_reason(report)
+    if not any(re.search(pattern, reason) for pattern, _why in ALLOWED_SKIPS):
+        _unexpected_skips.append((report.nodeid, reason))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _unexpected_skips.clear()
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    _note_skip(report)  # a module-level pytest.importorskip, say
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _note_skip(report)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    relaxed = os.environ.get("ORTGEN_ALLOW_SKIPS", "") not in ("", "0")
+    if _unexpected_skips and not relaxed and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if not _unexpected_skips:
+        return
+    terminalreporter.section("unexpected skips", sep="=", red=True, bold=True)
+    for nodeid, reason in _unexpected_skips:
+        terminalreporter.line(f"{nodeid}: {reason}")
+    terminalreporter.line(
+        f"{len(_unexpected_skips)} skipped for a reason not in tests/conftest.py's "
+        "ALLOWED_SKIPS (hardware-dependent reasons only): the session fails "
+        "(ORTGEN_ALLOW_SKIPS=1 relaxes this locally)"
+    )

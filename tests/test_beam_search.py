@@ -180,10 +180,14 @@ def test_beam_search_on_the_default_model_at_fp32_equals_transformers(reference_
     call = dict(num_beams=3, num_return_sequences=2, max_new_tokens=16, eos_token_id=2)
     expected = hf_beams(hf, [prompt], pad=2, **call).sequences
     out = reference_gen.generate(prompt, **call)
+    assert len(out.tokens) == len(out.finish_reasons) == expected.shape[0] == 2
     for row, tokens in enumerate(out.tokens):
-        assert tokens == expected[row, len(prompt) : len(prompt) + len(tokens)].tolist()
+        theirs = expected[row, len(prompt) :].tolist()
+        assert tokens and tokens == theirs[: len(tokens)], row
+        assert set(theirs[len(tokens) :]) <= {2}, row  # the tail: only transformers' padding
     for tokens, reason in zip(out.tokens, out.finish_reasons, strict=True):
         assert (tokens[-1] == 2) == (reason == "eos")
+        assert reason == "eos" or len(tokens) == 16
 
 
 @pytest.mark.default_model

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
+import transformers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ortgen.text.clean_up import StreamingCleanUp, clean_up_tokenization
-
-transformers = pytest.importorskip("transformers")
 
 
 @given(st.text(max_size=60))

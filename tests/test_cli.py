@@ -266,13 +266,66 @@ def test_help_exits_0() -> None:
 
 
 def test_console_script_is_installed() -> None:
+    """The install (`pip install -e .`, as `make test` does) puts the `ortgen` script next
+    to this interpreter, pointing at the CLI's entry: missing, it is a failure, not a skip."""
+    from importlib.metadata import entry_points
+
+    (entry,) = entry_points(group="console_scripts", name="ortgen")
+    assert entry.value == "ortgen.cli:entry"
     script = Path(sys.executable).parent / "ortgen"
-    if not script.exists():
-        pytest.skip("no ortgen console script next to this interpreter")
+    assert script.exists(), f"no ortgen console script next to {sys.executable}"
     result = subprocess.run(
         [str(script), "config", "--help"], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0 and "show" in result.stdout
+
+
+def test_the_suite_fails_on_an_unexpected_skip_and_marks_default_model_tests(
+    tmp_path: Path,
+) -> None:
+    """tests/conftest.py's rules, on a throwaway suite: a skip whose reason is not on the
+    allow-list (a module-level importorskip, a pytest.skip) fails the session although
+    every test passed, an xfail does not, ORTGEN_ALLOW_SKIPS=1 relaxes it; a test that
+    requests a default-model fixture without the marker gets it (deselected by
+    -m "not default_model"); a misspelt marker is an error (--strict-markers)."""
+    import os
+
+    root = Path(__file__).resolve().parent.parent
+    (tmp_path / "test_a.py").write_text(
+        "import pytest\n"
+        "def test_ok(): pass\n"
+        "def test_skipped(): pytest.skip('no widget here')\n"
+        "@pytest.mark.xfail(strict=True, reason='known')\n"
+        "def test_known(): assert False\n"
+        "def test_uses_the_default_model(default_model_dir): raise AssertionError\n"
+    )
+    (tmp_path / "test_b.py").write_text("import pytest\npytest.importorskip('no_such_module_x')\n")
+    (tmp_path / "test_c.py").write_text(
+        "import pytest\n@pytest.mark.defualt_model\ndef test_typo(): pass\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    env.pop("ORTGEN_ALLOW_SKIPS", None)
+
+    def pytest_run(*args: str, **extra: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-c",
+                   str(root / "pyproject.toml"), "--rootdir", str(tmp_path), "-q",
+                   "-p", "no:cacheprovider", *args]  # fmt: skip
+        return subprocess.run(command, capture_output=True, text=True, timeout=300,
+                              cwd=tmp_path, env={**env, **extra})  # fmt: skip
+
+    plain = ["-m", "not default_model", "test_a.py", "test_b.py"]
+    failed = pytest_run(*plain)
+    assert failed.returncode == 1, failed.stdout
+    assert "1 passed, 2 skipped, 1 deselected, 1 xfailed" in failed.stdout
+    assert "unexpected skips" in failed.stdout and "no widget here" in failed.stdout
+    assert "no_such_module_x" in failed.stdout
+    assert pytest_run(*plain, ORTGEN_ALLOW_SKIPS="1").returncode == 0
+    clean = pytest_run("-m", "not default_model", "test_a.py", "-k", "not skipped")
+    assert clean.returncode == 0, clean.stdout
+    marked = pytest_run("--collect-only", "-m", "default_model", "test_a.py")
+    assert "test_uses_the_default_model" in marked.stdout and "test_ok" not in marked.stdout
+    typo = pytest_run("test_c.py")
+    assert typo.returncode != 0 and "'defualt_model' not found" in typo.stdout + typo.stderr
 
 
 def test_one_shot_commands_exit_without_teardown_but_lose_nothing() -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
+import transformers.generation.logits_process as hf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -11,9 +13,6 @@ from hypothesis.extra import numpy as hnp
 from ortgen import ConfigError, GenerationContext
 from ortgen.plugins import constraints as C
 from ortgen.testing import make_context
-
-torch = pytest.importorskip("torch")
-hf = pytest.importorskip("transformers.generation.logits_process")
 
 
 def make_ctx(prompt_length=4, eos=(2,), vocab=50) -> GenerationContext:

@@ -36,9 +36,20 @@ def test_fp32_fused_greedy_equals_transformers_on_the_same_weights(reference_gen
     assert len(expected) == 32
 
 
+#: The default variant against the fp32 graph on the evaluation text, teacher-forced: the
+#: measured figures less a stated margin (the variant rule itself, "within 5% of fp32",
+#: chose the variant; these catch a regression far smaller than that). Measured: perplexity
+#: ratio 0.995 (18.41 vs 18.51, AMD EPYC VM, 2021 tokens; +0.4% to +0.6% on earlier graphs
+#: and CPUs), top-1 agreement 0.952 (0.95-0.96 before). Margins: 0.4 points of perplexity
+#: over the highest ratio measured, 0.01 of agreement under the lowest.
+MAX_PERPLEXITY_RATIO = 1.01
+MIN_AGREEMENT = 0.94
+
+
 def test_the_default_variant_passes_the_quality_rule(default_gen, reference_gen):
     """The default model is a quantised variant: teacher-forced on the fixed evaluation
-    text, its perplexity stays within 5% of the fp32 graph's (the rule that chose it)."""
+    text, its perplexity and top-1 agreement stay where they were measured against the
+    fp32 graph's (``MAX_PERPLEXITY_RATIO``, ``MIN_AGREEMENT``)."""
     from ortgen.bench.quality import eval_ids, score_tokens
     from ortgen.export.variant import DEFAULT_MODEL_VARIANT
     from ortgen.manifest import read_manifest
@@ -50,8 +61,9 @@ def test_the_default_variant_passes_the_quality_rule(default_gen, reference_gen)
     reference = score_tokens(reference_gen, ids)
     scores = score_tokens(default_gen, ids)
     assert 5 < reference.perplexity < 50  # a trained model on plain English
-    assert scores.perplexity <= 1.05 * reference.perplexity
-    assert scores.agreement(reference) >= 0.8
+    ratio = scores.perplexity / reference.perplexity
+    assert ratio <= MAX_PERPLEXITY_RATIO, (scores.perplexity, reference.perplexity)
+    assert scores.agreement(reference) >= MIN_AGREEMENT
 
 
 def test_stream_equals_generate(default_gen):

@@ -7,6 +7,7 @@ level 4)."""
 from __future__ import annotations
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 
 from ortgen.export.gguf_blocks import (
@@ -17,9 +18,6 @@ from ortgen.export.gguf_blocks import (
     shifted_minimum,
     with_blocksum_rows,
 )
-
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
 
 N, K = 24, 96
 

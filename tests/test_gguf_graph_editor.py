@@ -5,14 +5,13 @@ node's own output."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
 
 from ortgen.errors import ExportError
 from ortgen.export.gguf_blocks import BLOCK, Blocks, pack
 from ortgen.export.gguf_graph_editor import GraphEditor
-
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
 
 N, K = 200, 64
 

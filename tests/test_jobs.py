@@ -21,6 +21,7 @@ import pytest
 
 import ortgen
 from ortgen.jobs import run_job
+from tests.test_per_row import ONE_EACH, ONE_EACH_CALL, PLAIN_GREEDY, PLAIN_SAMPLED, hf_greedy
 from tests.tiny_models import export_tiny
 
 CLI = [sys.executable, "-m", "ortgen.cli"]
@@ -92,6 +93,32 @@ def test_each_row_gives_what_generate_gives(tiny_llama_gen, tmp_path, batch_size
     assert len(results["short"]["tokens"]) == 4
     assert (summary.rows_ok, summary.errors, summary.skipped) == (5, 0, 0)
     assert summary.tokens == sum(len(t) for t in expected.tokens)
+
+
+@pytest.mark.parametrize("batch_size", [3, 16])
+def test_each_row_equals_its_settings_given_flat(
+    tiny_llama_gen, tiny_model_dirs, tmp_path, batch_size
+):
+    """Each line's settings against the same settings given flat to ``generate`` (not
+    against the same dict, which goes through the same row encoding): one row per
+    setting, each of which changes its row (tests/test_per_row.py checks that on this
+    model); the greedy rows also against transformers' own greedy ``generate``."""
+    from transformers import AutoModelForCausalLM
+
+    gen = tiny_llama_gen
+    results, summary = run(gen, tmp_path, ONE_EACH, batch_size=batch_size, settings=ONE_EACH_CALL)
+    assert summary.rows_ok == len(ONE_EACH)
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model_dirs["llama"][0]).eval()
+    for line, row in enumerate(ONE_EACH, start=1):
+        settings = request(row)
+        prompt = settings.pop("prompt")
+        flat = gen.generate([prompt], **ONE_EACH_CALL, **settings).tokens[0]
+        assert results[line]["tokens"] == flat, f"line {line}: {settings}"
+        if not settings.get("do_sample"):
+            assert flat == hf_greedy(hf, prompt, ONE_EACH_CALL["max_new_tokens"], **settings)
+    for line in range(1, PLAIN_SAMPLED + 1):
+        plain = PLAIN_SAMPLED if ONE_EACH[line - 1].get("do_sample") else PLAIN_GREEDY
+        assert results[line]["tokens"] != results[plain + 1]["tokens"], f"line {line}"
 
 
 def test_text_and_chat_rows(text_gen, tmp_path):
@@ -286,8 +313,9 @@ def test_progress_line_on_a_terminal(tiny_llama_gen, tmp_path, monkeypatch):
 
 
 def test_parquet_in_and_out(tiny_llama_gen, tmp_path):
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     rows = [
         {"id": "a", "prompt": [5, 17, 42], "max_new_tokens": 3},
         {"id": "b", "prompt": [7, 8], "max_new_tokens": None},  # null: not set
@@ -314,7 +342,8 @@ def test_parquet_in_and_out(tiny_llama_gen, tmp_path):
 
 
 def test_parquet_resumes_from_its_progress_file(tiny_llama_gen, tmp_path):
-    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow.parquet as pq
+
     source = write_jsonl(tmp_path / "rows.jsonl", ROWS)
     progress_file = tmp_path / "out.parquet.partial.jsonl"
     progress_file.write_text(

@@ -334,8 +334,17 @@ def test_the_cache_is_registered_and_describes_its_graph(gen) -> None:
 
 @pytest.mark.default_model
 def test_default_model_greedy_and_bytes(default_gen) -> None:
-    """A ~40-token prompt, 32 greedy tokens: report agreement with static; the 8-bit cache
-    holds <= 30% and the 4-bit one <= 20% of the float32 cache's bytes."""
+    """A ~40-token prompt, 32 greedy tokens: dynamic and static agree token for token; the
+    quantized caches' greedy tokens follow static's for their first tokens and, teacher-
+    forced through static, every one of them is static's top token or a near-tie (a
+    greedy continuation is chaotic: once it parts at a near-tie it goes its own way, but
+    each token stays one the exact cache would nearly pick). The 8-bit cache holds <= 30%
+    and the 4-bit one <= 20% of the float32 cache's bytes.
+
+    Measured (AMD EPYC VM): 8 bits follow static for 15 tokens, largest gap 0.30, 4 tokens
+    off static's top; 4 bits 11 tokens, 0.48, 3. The bounds below are about half the
+    first figure and twice the others. A past quantized to 3 bits instead of 8 fails them.
+    """
     prompt = default_gen.tokenizer.encode(STORY)[:40]
     out = {}
     for cache in ("dynamic", "static", "quantized", Q4):
@@ -344,12 +353,19 @@ def test_default_model_greedy_and_bytes(default_gen) -> None:
             state.step()
         out[str(cache)] = (state.generated(0), state.chain.cache.nbytes)
     static = out["static"][0]
-    for name in ("quantized", str(Q4)):
+    assert out["dynamic"][0] == static and len(static) == 32
+    forced = _forced_logits(default_gen, prompt + static, "static", start=40)
+    assert forced[:-1].argmax(axis=1).tolist() == static  # the reference is static's greedy
+    for name, follows in (("quantized", 8), (str(Q4), 5)):
         tokens = out[name][0]
         same = next(
             (i for i, (a, b) in enumerate(zip(tokens, static, strict=True)) if a != b), len(static)
         )
-        print(f"{name}: first {same} of 32 greedy tokens equal static's")
+        logits = _forced_logits(default_gen, prompt + tokens, "static", start=40)[:-1]
+        gaps = logits.max(axis=1) - logits[np.arange(len(tokens)), tokens]
+        assert same >= follows, (name, same)
+        assert gaps.max() <= 1.0, (name, gaps.round(3).tolist())
+        assert (gaps > 0).sum() <= 8, (name, gaps.round(3).tolist())
     dynamic = out["dynamic"][1]
     assert dynamic == 2 * 30 * 3 * (40 + 31) * 64 * 4  # float32, the positions fed
     assert out["quantized"][1] <= 0.30 * dynamic

@@ -5,11 +5,14 @@ included (one random stream per row)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
+import torch
 
 import ortgen
-from tests.tiny_models import export_tiny
+from tests.tiny_models import PAD_ID, export_tiny
 
 MIXED_GREEDY = [
     {"prompt": [5, 17, 42, 99, 3, 64], "repetition_penalty": 1.4},
@@ -26,8 +29,95 @@ MIXED_SAMPLED = [
 ]
 
 
+# One row per setting, greedy and seeded sampling in one batch: every row's prompt and
+# seed are those of a plain row (the last two), and each setting changes its row's tokens
+# there on every tiny arch (asserted below), so a row whose setting is lost shows it.
+# no_repeat_ngram_size is 1: a bigram ban (2) changes nothing in 10 tokens of these models.
+GREEDY_PROMPT = [197, 230, 110, 13, 69, 250, 133, 127, 106, 238, 203, 215, 80, 250, 125, 94]
+SAMPLED_PROMPT = [5, 17, 42, 99]
+SAMPLED: dict[str, Any] = {"prompt": SAMPLED_PROMPT, "do_sample": True, "seed": 1}
+ONE_EACH: list[dict[str, Any]] = [
+    {"prompt": GREEDY_PROMPT, "repetition_penalty": 1.4},
+    {"prompt": GREEDY_PROMPT, "no_repeat_ngram_size": 1},
+    {**SAMPLED, "temperature": 0.5},
+    {**SAMPLED, "top_k": 3},
+    {**SAMPLED, "top_p": 0.6},
+    {**SAMPLED, "min_p": 0.2},
+    {**SAMPLED, "temperature": 0.8, "top_k": 20, "top_p": 0.9, "min_p": 0.05},
+    {"prompt": GREEDY_PROMPT, "repetition_penalty": 1.2, "no_repeat_ngram_size": 1},
+    SAMPLED,
+    {"prompt": GREEDY_PROMPT},
+]
+PLAIN_SAMPLED, PLAIN_GREEDY = len(ONE_EACH) - 2, len(ONE_EACH) - 1
+ONE_EACH_CALL = dict(max_new_tokens=10, eos_token_id=None)
+
+
+def _split(row: dict) -> tuple[list[int], dict[str, Any]]:
+    """A row's prompt and its settings, to give flat (as call arguments)."""
+    return row["prompt"], {k: v for k, v in row.items() if k != "prompt"}
+
+
 def _alone(gen, row: dict, **call) -> list[int]:
     return gen.generate(row, **call).tokens[0]
+
+
+def test_each_row_equals_its_settings_given_flat(models):
+    """Against the flat call, not against the same dict alone: a row setting the
+    prompt encoder dropped would be dropped from both sides of that comparison."""
+    _, gen = models
+    out = gen.generate(ONE_EACH, **ONE_EACH_CALL)
+    for i, row in enumerate(ONE_EACH):
+        prompt, settings = _split(row)
+        flat = gen.generate([prompt], **ONE_EACH_CALL, **settings).tokens[0]
+        assert out.tokens[i] == flat, f"row {i}: {settings}"
+        plain = PLAIN_SAMPLED if settings.get("do_sample") else PLAIN_GREEDY
+        if i != plain:  # the setting matters here, or this row could not tell
+            assert out.tokens[i] != out.tokens[plain], f"row {i}: {settings} changed nothing"
+
+
+def _hf_generate(hf, prompt: list[int], **settings):
+    with torch.no_grad():
+        return hf.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            output_scores=True,
+            return_dict_in_generate=True,
+            pad_token_id=PAD_ID,
+            **settings,
+        )
+
+
+def hf_greedy(hf, prompt: list[int], new: int, **settings: Any) -> list[int]:
+    """transformers' greedy continuation of ``prompt`` with ``settings`` (EOS ignored)."""
+    out = _hf_generate(
+        hf, prompt, do_sample=False, max_new_tokens=new, eos_token_id=None, **settings
+    )
+    return out.sequences[0, len(prompt) :].tolist()
+
+
+def test_each_row_equals_transformers_with_its_settings(models):
+    """Each row against transformers' ``generate`` with that row's settings: greedy rows
+    token for token with every step's processed scores; sampled rows (torch and numpy
+    draw differently) by the first step's processed distribution (temperature, top-k,
+    top-p, min-p), which no draw has touched yet."""
+    hf, gen = models
+    out = gen.generate(ONE_EACH, **ONE_EACH_CALL, output_scores=True)
+    for i, row in enumerate(ONE_EACH):
+        prompt, settings = _split(row)
+        settings.pop("seed", None)
+        sampled = settings.pop("do_sample", False)
+        new = 1 if sampled else ONE_EACH_CALL["max_new_tokens"]
+        expected = _hf_generate(
+            hf, prompt, do_sample=sampled, max_new_tokens=new, eos_token_id=None, **settings
+        )
+        steps = range(new)
+        if not sampled:
+            assert out.tokens[i] == expected.sequences[0, len(prompt) :].tolist(), f"row {i}"
+        for step in steps:
+            ours, theirs = out.scores[step][i], expected.scores[step][0].numpy()
+            assert np.array_equal(np.isneginf(ours), np.isneginf(theirs)), f"row {i} step {step}"
+            finite = np.isfinite(theirs)
+            np.testing.assert_allclose(ours[finite], theirs[finite], rtol=1e-4, atol=1e-4)
 
 
 def test_mixed_greedy_rows_equal_each_prompt_alone(models):

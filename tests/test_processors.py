@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
+import transformers.generation.logits_process as hf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -18,9 +20,6 @@ from ortgen import ConfigError
 from ortgen.plugins import _cuts as cuts
 from ortgen.plugins import _numeric as N
 from ortgen.plugins import processors as P
-
-torch = pytest.importorskip("torch")
-hf = pytest.importorskip("transformers.generation.logits_process")
 
 IDS = np.zeros((1, 1), dtype=np.int64)  # warpers ignore input_ids
 

@@ -211,10 +211,42 @@ def _chunked_prefill_is_exact(folder: Path, prompt: list[int], taken: int) -> bo
     )
 
 
+#: Largest logit gap allowed between a served token and the top token of the same prompt
+#: fed alone (teacher-forced on what was served): where onnxruntime's int8-activation
+#: kernels round a batch's rows (or a split prefill) differently from one row alone, a
+#: near-tie may flip. Measured on an AMD EPYC VM (a batch of 4 differs from each prompt
+#: alone in every row): at most 0.24 over 4 x 24 tokens, 5 tokens off the top in all;
+#: the bounds are about twice that. One shared position left stale (zeroed) gives gaps
+#: of 0.51 and 0.78 and 11 tokens off the top; nothing copied, gaps of 3-5 logits.
+NEAR_TIE = 0.5
+OFF_TOP = 8
+
+
+def _gaps_from_alone(gen, prompt: list[int], served: list[int]) -> list[float]:
+    """For each served token, how far below the top logit it is when ``prompt`` and the
+    served tokens before it are fed alone, one row, as ``generate`` feeds them."""
+    state = gen.start([prompt], max_new_tokens=1, eos_token_id=None)
+    logits = state.force()
+    gaps = []
+    for token in served:
+        row = logits[0].astype(np.float64)
+        gaps.append(float(row.max() - row[token]))
+        logits = state.force([token])
+    return gaps
+
+
 @pytest.mark.default_model
-def test_chats_sharing_the_system_prompt_equal_each_alone_on_the_default_model(
+def test_chats_sharing_the_system_prompt_on_the_default_model(
     default_gen, default_model_dir
 ) -> None:
+    """What holds on every CPU, without a skip: the requests take the chat template's
+    header from a slot (the reuse count), and each answer is the greedy answer of its
+    prompt alone up to near-ties (``NEAR_TIE``). Where this CPU's split prefill is
+    bit-identical to a whole one (``_chunked_prefill_is_exact``) and a batch's rows to
+    each row alone, each answer equals its prompt alone token for token. (Served without
+    sharing, the answers need not equal these either: the int8-activation graph
+    quantises activations per forward, so which rows share a decode step, which depends
+    on when each request joined, may flip a near-tie.)"""
     gen = default_gen
     questions = [
         "What is the capital of France?",
@@ -226,23 +258,23 @@ def test_chats_sharing_the_system_prompt_equal_each_alone_on_the_default_model(
                for q in questions]  # fmt: skip
     header = min(common_prefix_length(prompts[0], p) for p in prompts)
     assert header >= 20  # SmolLM2's template: a default system prompt
-    if not _chunked_prefill_is_exact(default_model_dir, prompts[0], header):
-        pytest.skip(
-            "on this CPU a split prefill of the int8-activation graph is not bit-identical "
-            "to a whole one, so shared prefixes may flip near-ties"
-        )
     settings = {"max_new_tokens": 24, "min_new_tokens": 24, "do_sample": False}
-    alone = [gen.generate([prompt], **settings).tokens[0] for prompt in prompts]
-    if gen.generate(prompts, **settings).tokens != alone:
-        pytest.skip(
-            "on this CPU the int8-activation graph's kernels round a batch's rows differently "
-            "from one row alone (seen on an AMD EPYC VM), so any batch may flip near-ties"
-        )
     jobs = [(p, settings) for p in prompts]
     with running_engine(gen, max_batch=4) as engine:
         got = _at_once(engine, jobs)
-    assert got == alone
     assert engine.stats.reused_prompt_tokens >= 3 * header
+    off_top = 0
+    for prompt, tokens in zip(prompts, got, strict=True):
+        assert len(tokens) == 24
+        gaps = _gaps_from_alone(gen, prompt, tokens)
+        assert max(gaps) <= NEAR_TIE, (gen.tokenizer.decode(tokens), gaps)
+        off_top += sum(gap > 0 for gap in gaps)
+    assert off_top <= OFF_TOP  # flips at near-ties are rare
+    alone = [gen.generate([prompt], **settings).tokens[0] for prompt in prompts]
+    if _chunked_prefill_is_exact(default_model_dir, prompts[0], header) and (
+        gen.generate(prompts, **settings).tokens == alone
+    ):  # neither a split prefill nor a batch changes a bit here: no near-tie may flip
+        assert got == alone
 
 
 # -- a third-party slot cache --------------------------------------------------------------

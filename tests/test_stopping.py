@@ -7,13 +7,12 @@ import time
 
 import numpy as np
 import pytest
+import torch
+import transformers.generation.stopping_criteria as hf
 
 from ortgen import ConfigError, GenerationContext
 from ortgen.plugins import stopping as S
 from ortgen.testing import make_context
-
-torch = pytest.importorskip("torch")
-hf = pytest.importorskip("transformers.generation.stopping_criteria")
 
 SCORES = np.zeros((1, 1), np.float32)  # criteria here ignore the scores
 

@@ -193,7 +193,8 @@ def test_inline_schema_and_json_object(tiny_text_model, tmp_path):
 def test_parquet_keeps_parsed_as_json_text(tiny_text_model, person_pipeline, tmp_path):
     """A Parquet output has a "parsed" column of JSON text; a rerun over the finished
     file (its rows read back as result lines) keeps the values, not JSON of JSON."""
-    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow.parquet as pq
+
     gen = ortgen.load(tiny_text_model, pipeline=person_pipeline, threads=1)
     out = tmp_path / "out.parquet"
     run_job(gen, write_jsonl(tmp_path / "a.jsonl", ROWS[:4]), out, settings=JOB, progress=None)

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
+import transformers.generation.logits_process as hf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -22,9 +24,6 @@ from ortgen.plugins import token_rules as T
 from ortgen.plugins import truncation as R
 from ortgen.testing import make_context
 from tests.test_chain_parity import NEW, PROMPTS, hf_generate
-
-torch = pytest.importorskip("torch")
-hf = pytest.importorskip("transformers.generation.logits_process")
 
 SEEDS = range(6)
 VOCAB = 40

@@ -21,14 +21,13 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+import transformers
 from hypothesis import HealthCheck, settings
+from tokenizers import Tokenizer as RustTokenizer
+from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 from ortgen.text import Tokenizer
 from ortgen.text.detokenizer import IncrementalDetokenizer
-
-transformers = pytest.importorskip("transformers")
-from tokenizers import Tokenizer as RustTokenizer  # noqa: E402
-from tokenizers import decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Module-scoped fixtures are safe to share between hypothesis examples.

@@ -41,6 +41,11 @@ def parse_args(description: str) -> argparse.Namespace:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--engine", help="name to report (default: the runner's own)")
+    parser.add_argument(
+        "--eval-ids",
+        help="JSON file of token ids: instead of timing, teacher-force them and report the "
+        "perplexity and each position's top-1 (the quality pass; not every runner has it)",
+    )
     return parser.parse_args()
 
 
@@ -89,6 +94,29 @@ def emit(
         **extra,
     }
     sys.stdout.flush()
+    print(json.dumps(result), flush=True)
+
+
+def emit_quality(engine: str, rows, targets: list[int]) -> None:
+    """The quality pass's JSON line: ``rows`` yields the logits over the vocabulary that
+    predict each of ``targets`` in turn; the perplexity and each position's top-1, computed
+    as ``ortgen.bench.quality.score_tokens`` does (log-sum-exp in float64). numpy is
+    imported here only: the quality pass is not a timed run, its RSS is not reported."""
+    import numpy as np
+
+    nll = np.empty(len(targets))
+    top1 = []
+    for position, (row, target) in enumerate(zip(rows, targets, strict=True)):
+        values = np.asarray(row, dtype=np.float64).reshape(-1)
+        peak = values.max()
+        nll[position] = peak + np.log(np.exp(values - peak).sum()) - values[target]
+        top1.append(int(values.argmax()))
+    result = {
+        "engine": engine,
+        "perplexity": float(np.exp(nll.mean())),
+        "eval_tokens": len(targets) + 1,
+        "top1": top1,
+    }
     print(json.dumps(result), flush=True)
 
 

@@ -11,6 +11,10 @@ ever be picked, the run stops early and reports ``stopped_early`` with fewer tok
 Threads: the decoder session's ``intra_op_num_threads``, overlaid the same way. Prefill is
 ``append_tokens(prompt)`` (the prompt forward) plus the first ``generate_next_token`` (the
 argmax); each later ``generate_next_token`` runs one decode forward and picks the next token.
+
+``--eval-ids FILE`` (compare.py's quality pass): the ids are teacher-forced one token per
+forward (``append_tokens`` then ``get_logits``), as ``ortgen bench`` scores, and the runner
+prints the perplexity and each position's top-1 instead of timings.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import json
 import time
 
-from _common import START, emit, limit_threads, parse_args, read_prompt
+from _common import START, emit, emit_quality, limit_threads, parse_args, read_prompt
 
 #: the stand-in EOS id (see the module docstring): ``<gh_stars>`` in SmolLM2's vocabulary
 NEVER_PICKED = 7
@@ -30,6 +34,10 @@ def main() -> None:
     prompt = read_prompt(args.prompt_ids)
 
     import onnxruntime_genai as og
+
+    if args.eval_ids:
+        quality(og, args)
+        return
 
     config = og.Config(args.model)
     config.clear_providers()  # CPU
@@ -67,6 +75,24 @@ def main() -> None:
         decode_s=decode_s,
         stopped_early=len(tokens) < args.new_tokens,
     )
+
+
+def quality(og, args) -> None:
+    """Teacher-force ``--eval-ids`` through the graph, one token per forward."""
+    ids = read_prompt(args.eval_ids)
+    config = og.Config(args.model)
+    config.clear_providers()
+    model = og.Model(config)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(ids) + 1, do_sample=False, min_length=0)
+    generator = og.Generator(model, params)
+
+    def rows():
+        for token in ids[:-1]:
+            generator.append_tokens([token])
+            yield generator.get_logits()[0, -1]
+
+    emit_quality(args.engine or "onnxruntime-genai", rows(), ids[1:])
 
 
 if __name__ == "__main__":
