@@ -45,17 +45,23 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     requests at once: with ``--goals --levels 1`` a one-row server ran them one by one);
     its URL from stdout."""
     rows = max([*args.levels, 8] if args.goals else args.levels)
-    command = [sys.executable, "-m", "ortgen.cli", "serve", "--port", "0"]
-    command += ["--max-batch", str(rows), "--max-queue", "256"]
+    flags = ["--max-batch", str(rows), "--max-queue", "256"]
     if args.model:
-        command += ["--model", args.model]
+        flags += ["--model", args.model]
     if args.threads:
-        command += ["--threads", str(args.threads)]
+        flags += ["--threads", str(args.threads)]
     if args.no_prefix_sharing:
-        command.append("--no-prefix-sharing")
+        flags.append("--no-prefix-sharing")
     if args.spin_us is not None:
-        command += ["--spin-us", str(args.spin_us)]
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        flags += ["--spin-us", str(args.spin_us)]
+    return launch(flags)
+
+
+def launch(flags: list[str], **popen: Any) -> tuple[subprocess.Popen, str]:
+    """``python -m ortgen.cli serve --port 0 FLAGS`` (``popen``: more ``Popen`` arguments,
+    e.g. ``env``, ``stderr``); it and its URL, read from the line it prints when listening."""
+    command = [sys.executable, "-m", "ortgen.cli", "serve", "--port", "0", *flags]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, **popen)
     assert server.stdout is not None
     for line in server.stdout:
         if " at http://" in line:
