@@ -44,3 +44,10 @@ class ComponentError(OrtgenError):
     #: what the request had produced when it failed (a ``GenerationOutput`` whose
     #: unfinished rows end with "error"), set by ``generate()``: nothing is lost
     partial: Any = None
+
+
+class NoTokenLeft(ComponentError, InputError):
+    """The request's own settings left no token to pick at a step (every id suppressed,
+    or every id a constraint allows ruled out by another setting): a ComponentError to
+    the loop, which fails only the rows it serves, and an InputError to the caller (the
+    server answers 400), since the request asked for the contradiction."""

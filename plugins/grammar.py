@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from ortgen import Candidates, ComponentError, ConfigError, GenerationContext, Register, hookimpl
+from ortgen import Candidates, ConfigError, GenerationContext, Register, hookimpl
+from ortgen.errors import NoTokenLeft
 
 from .grammar_compile import check_grammar, grammar_text, shared_tokenizer
 
@@ -192,7 +193,7 @@ class GrammarConstraint:
         dead = ~((scores != -np.inf).any(axis=1))
         if dead.any():
             row = int(np.flatnonzero(dead)[0])
-            raise ComponentError(
+            raise NoTokenLeft(
                 f"logits processor 'grammar': row {row}: every token the grammar allows here "
                 "was removed by an earlier processor (bad_words_ids, suppress_tokens or "
                 "min_new_tokens holding back the end of sequence, say), so nothing can be "

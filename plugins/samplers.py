@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from ortgen import Candidates, ComponentError, GenerationContext, Register, hookimpl
+from ortgen.errors import NoTokenLeft
 from ortgen.plugins._numeric import PrefixSums
 
 # A row this short is drawn from with Python floats (see MultinomialSampler._draw_few).
@@ -39,7 +40,8 @@ def _unusable_rows(name: str, best: np.ndarray, *, allow_inf: bool = False) -> N
             why = "contain +inf"
         else:
             why = "are all -inf"
-        raise ComponentError(
+        error = NoTokenLeft if why == "are all -inf" else ComponentError
+        raise error(
             f"sampler {name!r}: the scores of row {row} {why}, so no token can be picked "
             f"({int(bad.sum())} of {bad.size} rows affected); check the logits processors"
         )

@@ -358,3 +358,19 @@ def test_a_speculative_row_near_the_context_ends_there_as_generate_does(fused_ch
         assert engine.stats.accepted_drafts > 0
     assert [p.token for p in pieces] == alone.tokens[0]
     assert pieces[-1].finish_reason == "length"
+
+
+def test_health_reports_a_dead_decode_loop(fused_chat) -> None:
+    """/health answered 200 while the engine thread was gone: nothing queued would run."""
+    from starlette.testclient import TestClient
+
+    from ortgen.serve.app import build_app
+    from ortgen.serve.state import ServerState
+
+    engine = Engine(fused_chat, max_batch=2)
+    state = ServerState(fused_chat, engine, model_id="tiny")
+    with TestClient(build_app(state)) as client:
+        assert client.get("/health").json() == {"status": "ok"}
+        engine.shutdown()  # the loop thread ends, as if it had died
+        answer = client.get("/health")
+        assert (answer.status_code, answer.json()) == (503, {"status": "engine_stopped"})

@@ -522,8 +522,9 @@ def test_full_queue_then_sigterm_drains_and_exits_0(servers):
         short = iter(slow(20))  # ~1 s: finishes well within the grace period
         next(short)  # running, so the next one waits in the queue
         long = iter(slow(100, 0.1))  # ~10 s: still running when the grace ends
-        with pytest.raises(openai.RateLimitError):
+        with pytest.raises(openai.RateLimitError) as full:
             slow(5)
+        assert full.value.response.headers["Retry-After"] == "1"
         server.terminate()
         time.sleep(0.5)
         with pytest.raises(openai.APIStatusError) as refused:

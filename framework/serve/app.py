@@ -39,6 +39,7 @@ from .openai_api import ParsedRequest, parse_chat, parse_completion
 from .openapi import PUBLIC_PATHS, openapi_document
 from .responses import Answer, Choice
 from .state import ServerState
+from .tokenize import detokenize_body, tokenize_body
 
 log = logging.getLogger("ortgen.serve")
 
@@ -53,6 +54,8 @@ ROUTES = (
     "/health",
     "/metrics",
     "/openapi.json",
+    "/tokenize",
+    "/detokenize",
     "/",
 )
 
@@ -243,7 +246,38 @@ class _EventStream(EventSourceResponse):
 
 
 def _model_card(state: ServerState) -> dict[str, Any]:
-    return {"id": state.model_id, "object": "model", "created": state.created, "owned_by": "ortgen"}
+    """OpenAI's model object, with the context length as vLLM gives it (``max_model_len``:
+    prompt plus answer tokens; null when the model does not say)."""
+    return {
+        "id": state.model_id,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "ortgen",
+        "max_model_len": state.gen.model.max_context,
+    }
+
+
+async def tokenize(request: Request) -> Response:
+    """Text (``prompt``) or a conversation (``messages``, through the chat template, as
+    a chat request would see it) to token ids: vLLM's ``/tokenize`` shape."""
+    state: ServerState = request.app.state.ortgen
+    body = await _read_json(request, state.max_body_bytes)
+    ids = tokenize_body(state.gen, body)
+    answer: dict[str, Any] = {
+        "count": len(ids),
+        "max_model_len": state.gen.model.max_context,
+        "tokens": ids,
+    }
+    if body.get("return_token_strs"):
+        answer["token_strs"] = [state.words.tokenizer.id_to_token(i) for i in ids]
+    return JSONResponse(answer)
+
+
+async def detokenize(request: Request) -> Response:
+    """Token ids to text: vLLM's ``/detokenize`` shape (``tokens`` in, ``prompt`` out)."""
+    state: ServerState = request.app.state.ortgen
+    body = await _read_json(request, state.max_body_bytes)
+    return JSONResponse({"prompt": detokenize_body(state.gen, body)})
 
 
 async def list_models(request: Request) -> Response:
@@ -267,13 +301,15 @@ async def health(request: Request) -> Response:
     state: ServerState = request.app.state.ortgen
     if not state.accepting:
         return JSONResponse({"status": "shutting_down"}, status_code=503)
+    if not state.engine.alive:  # the decode loop died: nothing queued would ever run
+        return JSONResponse({"status": "engine_stopped"}, status_code=503)
     return JSONResponse({"status": "ok"})
 
 
 async def openapi(request: Request) -> Response:
     """The OpenAPI document (``openapi``): open like /health, so tools can read it."""
     state: ServerState = request.app.state.ortgen
-    return JSONResponse(openapi_document(api_key=state.api_key is not None))
+    return JSONResponse(openapi_document(api_key=state.api_key is not None, web=state.web))
 
 
 async def metrics(request: Request) -> Response:
@@ -287,7 +323,10 @@ async def metrics(request: Request) -> Response:
 
 async def _request_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestError)
-    return JSONResponse(exc.body(), status_code=exc.status)
+    # a full queue frees within a few decode steps: clients that honour Retry-After
+    # (the OpenAI client does) come back then instead of at once
+    headers = {"Retry-After": "1"} if exc.status == 429 else None
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -378,6 +417,8 @@ def build_app(state: ServerState) -> Starlette:
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),
+            Route("/tokenize", tokenize, methods=["POST"]),
+            Route("/detokenize", detokenize, methods=["POST"]),
             *(chat_page_routes() if state.web else ()),
         ],
         middleware=[Middleware(_Guard, state=state)],

@@ -108,6 +108,10 @@ _MODEL = {
         "object": {"const": "model"},
         "created": {"type": "integer"},
         "owned_by": {"type": "string"},
+        "max_model_len": {
+            "type": ["integer", "null"],
+            "description": "the context length in tokens (prompt and answer), as vLLM gives it",
+        },
     },
 }
 _MODEL_LIST = {
@@ -118,8 +122,50 @@ _MODEL_LIST = {
 _HEALTH = {
     "type": "object",
     "required": ["status"],
-    "properties": {"status": {"enum": ["ok", "shutting_down"]}},
+    "properties": {"status": {"enum": ["ok", "shutting_down", "engine_stopped"]}},
 }
+_TOKENIZE_REQUEST = {
+    "type": "object",
+    "description": "either prompt (text) or messages (a conversation, through the chat "
+    "template as a chat request sees it)",
+    "properties": {
+        "model": {"type": "string"},
+        "prompt": {"type": "string"},
+        "messages": {"type": "array", "items": {"type": "object"}, "minItems": 1},
+        "add_special_tokens": {"type": "boolean"},
+        "add_generation_prompt": {"type": "boolean"},
+        "continue_final_message": {"type": "boolean"},
+        "tools": {"type": "array", "items": {"type": "object"}},
+        "return_token_strs": {"type": "boolean"},
+    },
+    "additionalProperties": False,
+}
+_TOKENIZE_ANSWER = {
+    "type": "object",
+    "required": ["count", "max_model_len", "tokens"],
+    "properties": {
+        "count": {"type": "integer", "minimum": 0},
+        "max_model_len": {"type": ["integer", "null"]},
+        "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        "token_strs": {"type": "array", "items": {"type": ["string", "null"]}},
+    },
+}
+_DETOKENIZE_REQUEST = {
+    "type": "object",
+    "required": ["tokens"],
+    "properties": {
+        "model": {"type": "string"},
+        "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+    },
+    "additionalProperties": False,
+}
+_DETOKENIZE_ANSWER = {
+    "type": "object",
+    "required": ["prompt"],
+    "properties": {"prompt": {"type": "string"}},
+}
+#: the chat page's files (``chat_page.py``), public like /health
+PAGE_FILES = {"/": "text/html", "/web/chat.js": "text/javascript", "/web/chat.css": "text/css"}
 
 
 def _setting_schema(name: str) -> dict[str, Any]:
@@ -203,9 +249,34 @@ def _generation(request: str, answer: str, summary: str) -> dict[str, Any]:
     }
 
 
-def openapi_document(*, api_key: bool = False) -> dict[str, Any]:
+def _post(summary: str, request: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
+            "responses": {"200": _json(answer, summary), **_errors(400, 401, 413)},
+        }
+    }
+
+
+def _page_file(media_type: str) -> dict[str, Any]:
+    return {
+        "get": {
+            "summary": "the chat page (no API key needed; `--no-web` turns it off)",
+            "responses": {
+                "200": {
+                    "description": "a file of the page",
+                    "content": {media_type: {"schema": {"type": "string"}}},
+                }
+            },
+        }
+    }
+
+
+def openapi_document(*, api_key: bool = False, web: bool = True) -> dict[str, Any]:
     """The OpenAPI 3.1 document; with ``api_key``, the routes that need the key say so
-    (``/health`` and ``/openapi.json`` are open)."""
+    (``/health``, ``/openapi.json`` and the chat page's files are open); with ``web``,
+    the chat page's files are listed."""
     paths: dict[str, Any] = {
         "/v1/completions": _generation("CompletionRequest", "Completion", "a text completion"),
         "/v1/chat/completions": _generation(
@@ -264,7 +335,13 @@ def openapi_document(*, api_key: bool = False) -> dict[str, Any]:
                 "responses": {"200": _json({"type": "object"}, "the OpenAPI document")},
             }
         },
+        "/tokenize": _post(
+            "token ids of a text or a conversation", _TOKENIZE_REQUEST, _TOKENIZE_ANSWER
+        ),
+        "/detokenize": _post("the text of token ids", _DETOKENIZE_REQUEST, _DETOKENIZE_ANSWER),
     }
+    if web:
+        paths.update({path: _page_file(kind) for path, kind in PAGE_FILES.items()})
     document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {
@@ -288,7 +365,7 @@ def openapi_document(*, api_key: bool = False) -> dict[str, Any]:
     if api_key:
         document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         for path, item in paths.items():
-            if path not in PUBLIC_PATHS:
+            if path not in PUBLIC_PATHS and path not in PAGE_FILES:
                 for operation in item.values():
                     operation["security"] = [{"bearer": []}]
     return document
