@@ -31,6 +31,7 @@ from .registry import Registry
 from .structured_output import response_format_settings
 from .structured_settings import CONSTRAINT_FIELDS
 from .text import Tokenizer, load_tokenizer
+from .text.chat_template import check_messages
 from .tool_calls import plan_tools
 
 Prompt = prompts_mod.Prompt
@@ -271,7 +272,8 @@ class TextGenerator:
         plan = None
         if tools is not None or tool_choice is not None:
             template = self.tokenizer.chat_template if self.tokenizer is not None else None
-            plan = plan_tools(messages, tools, tool_choice, parallel_tool_calls, template)
+            checked = check_messages(messages)  # each a message dict, or an InputError
+            plan = plan_tools(checked, tools, tool_choice, parallel_tool_calls, template)
             constrained = [k for k in CONSTRAINT_FIELDS if settings.get(k) not in (None, False)]
             if plan.settings and constrained:
                 raise InputError(

@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import InputError
-from .text.chat_template import check_messages
 
 #: most calls one answer may make: a small model that has made its call tends to repeat
 #: it until max_new_tokens; bounded, it ends with its calls instead
@@ -79,7 +78,7 @@ def plan_tools(
     if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
         raise InputError(f"parallel_tool_calls must be true or false, got {parallel_tool_calls!r}")
     parallel = parallel_tool_calls is not False
-    conversation = check_messages(messages) if messages else []  # checked shallow copies
+    conversation = [dict(m) for m in messages]  # callers check their shape first
     if not hermes:
         conversation = _for_plain_template(conversation, template)
     if not functions or choice == "none":
