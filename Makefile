@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test lint fuzz model default-model bytecode bench peers compare clean-models
+.PHONY: run test lint fuzz docs model default-model bytecode bench peers compare clean-models
 
 run: default-model
 	$(BIN)/ortgen chat "What is the capital of Germany?" --max-new-tokens 64
@@ -34,6 +34,12 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+# The documentation site (MkDocs, Material theme, API pages from the docstrings through
+# mkdocstrings; mkdocs.yml) into site/. --strict: a broken link or a reference that
+# cannot be found fails the build (tests/test_docs_site.py builds it too).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # `make model` rebuilds the default model whatever state it is in.
 model: $(STAMP)
