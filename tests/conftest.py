@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -117,12 +118,20 @@ def default_gen(default_model_dir: Path):
 def reference_model_dir(default_model_dir: Path) -> Path:
     """The default model's GGUF exported at fp32 as a fused graph: the quality reference,
     kept (git-ignored) next to the default model and rebuilt when out of date."""
-    from ortgen.export import Variant, export_model, is_complete_model_folder
+    from ortgen.export import Variant
+
+    variant = Variant(graph="fused", precision="fp32")
+    return export_reference(default_model_dir, variant, "smollm2-135m-instruct-fused-fp32")
+
+
+def export_reference(default_model_dir: Path, variant: Any, name: str) -> Path:
+    """The default model's GGUF exported as ``variant`` into ``.reference/NAME`` next to
+    the default model (git-ignored), unless a current export is there already."""
+    from ortgen.export import export_model, is_complete_model_folder
     from ortgen.export.default_model import DEFAULT_GGUF_SHA256, download_default_gguf
     from ortgen.export.manifest import stale_reason
 
-    out = default_model_dir.parent / ".reference" / "smollm2-135m-instruct-fused-fp32"
-    variant = Variant(graph="fused", precision="fp32")
+    out = default_model_dir.parent / ".reference" / name
     current = is_complete_model_folder(out) and (
         stale_reason(out, variant=variant.to_dict(), source_sha256=DEFAULT_GGUF_SHA256) is None
     )

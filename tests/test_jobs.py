@@ -254,10 +254,13 @@ def kill_then_rerun(
     checked: int,
     env: dict[str, str] | None = None,
     wait_s: float = 120,
+    sig: signal.Signals = signal.SIGKILL,
 ) -> None:
-    """Start the job ``args``, SIGKILL it once ``out`` holds ``after_lines`` lines, run the
-    same command again, and check: every row's id exactly once, the rerun skipped what the
-    killed job wrote, and the first ``checked`` rows have the tokens ``generate`` gives."""
+    """Start the job ``args``, send it ``sig`` once ``out`` holds ``after_lines`` lines, run
+    the same command again, and check: every row's id exactly once, the rerun skipped what
+    the stopped job wrote, and the first ``checked`` rows have the tokens ``generate``
+    gives. A signal the job can handle (SIGTERM, SIGINT) must stop it cleanly: exit
+    128 + the signal, its message, and its output's lock let go."""
     job = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline and job.poll() is None:
@@ -265,8 +268,12 @@ def kill_then_rerun(
             break
         time.sleep(0.02)
     assert job.poll() is None, "the job ended before it could be killed; make it longer"
-    os.kill(job.pid, signal.SIGKILL)
-    job.communicate()
+    os.kill(job.pid, sig)
+    _, stderr = job.communicate()
+    if sig != signal.SIGKILL:
+        assert job.returncode == 128 + sig, stderr
+        assert f"stopped by {sig.name}; the rows done are in the output".encode() in stderr
+        assert not out.with_name(out.name + ".lock").exists()
     killed = out.read_bytes().count(b"\n")
     assert after_lines <= killed < len(rows)
     rerun = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)

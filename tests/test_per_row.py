@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 import ortgen
-from tests.tiny_models import PAD_ID, export_tiny
+from tests.test_logprobs import hf_generate
+from tests.tiny_models import export_tiny
 
 MIXED_GREEDY = [
     {"prompt": [5, 17, 42, 99, 3, 64], "repetition_penalty": 1.4},
@@ -75,21 +75,9 @@ def test_each_row_equals_its_settings_given_flat(models):
             assert out.tokens[i] != out.tokens[plain], f"row {i}: {settings} changed nothing"
 
 
-def _hf_generate(hf, prompt: list[int], **settings):
-    with torch.no_grad():
-        return hf.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            output_scores=True,
-            return_dict_in_generate=True,
-            pad_token_id=PAD_ID,
-            **settings,
-        )
-
-
 def hf_greedy(hf, prompt: list[int], new: int, **settings: Any) -> list[int]:
     """transformers' greedy continuation of ``prompt`` with ``settings`` (EOS ignored)."""
-    out = _hf_generate(
+    out = hf_generate(
         hf, prompt, do_sample=False, max_new_tokens=new, eos_token_id=None, **settings
     )
     return out.sequences[0, len(prompt) :].tolist()
@@ -107,7 +95,7 @@ def test_each_row_equals_transformers_with_its_settings(models):
         settings.pop("seed", None)
         sampled = settings.pop("do_sample", False)
         new = 1 if sampled else ONE_EACH_CALL["max_new_tokens"]
-        expected = _hf_generate(
+        expected = hf_generate(
             hf, prompt, do_sample=sampled, max_new_tokens=new, eos_token_id=None, **settings
         )
         steps = range(new)

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from ortgen.bench.quality import eval_ids, score_tokens
+from tests.conftest import export_reference
 
 
 def hf_loss(hf, ids: list[int]) -> tuple[float, np.ndarray, np.ndarray]:
@@ -64,20 +65,11 @@ def test_perplexity_equals_exp_of_transformers_loss_on_the_default_model(
 def gguf_level0_dir(default_model_dir: Path) -> Path:
     """The default model's variant (the GGUF's own weights, fused) at accuracy level 0,
     kept (git-ignored) next to the fp32 reference and rebuilt when out of date."""
-    from ortgen.export import Variant, export_model, is_complete_model_folder
-    from ortgen.export.default_model import DEFAULT_GGUF_SHA256, download_default_gguf
-    from ortgen.export.manifest import stale_reason
+    from ortgen.export import Variant
     from ortgen.export.variant import DEFAULT_MODEL_VARIANT
 
     variant = Variant(**{**DEFAULT_MODEL_VARIANT.to_dict(), "accuracy_level": 0})
-    out = default_model_dir.parent / ".reference" / f"smollm2-135m-instruct-{variant.name}"
-    current = is_complete_model_folder(out) and (
-        stale_reason(out, variant=variant.to_dict(), source_sha256=DEFAULT_GGUF_SHA256) is None
-    )
-    if not current:
-        gguf = download_default_gguf(default_model_dir.parent / ".cache")
-        export_model(gguf, out, variant=variant, progress=lambda _msg: None, overwrite=True)
-    return out
+    return export_reference(default_model_dir, variant, f"smollm2-135m-instruct-{variant.name}")
 
 
 #: Largest |logit difference| allowed between the level-0 GGUF rewrite and transformers on

@@ -20,13 +20,15 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 from starlette.routing import BaseRoute, Route
 
-__all__ = ["WEB_DIR", "chat_page_routes", "is_page_path"]
+__all__ = ["PAGE_FILES", "WEB_DIR", "chat_page_routes", "is_page_path"]
 
 WEB_DIR = Path(__file__).with_name("web")
-#: the page's files, by the name the page asks for and the type they are served as
-_FILES = {
-    "chat.js": "text/javascript; charset=utf-8",
-    "chat.css": "text/css; charset=utf-8",
+#: the page's files: the path they are served at -> (file in WEB_DIR, media type); the
+#: routes, the API key's exemption and the OpenAPI document all read this one table
+PAGE_FILES = {
+    "/": ("index.html", "text/html"),
+    "/web/chat.js": ("chat.js", "text/javascript"),
+    "/web/chat.css": ("chat.css", "text/css"),
 }
 _POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
@@ -41,22 +43,16 @@ _HEADERS = {
 
 def is_page_path(path: str) -> bool:
     """Whether ``path`` is one of the page's own files (served without the API key)."""
-    return path == "/" or (path.startswith("/web/") and path[5:] in _FILES)
+    return path in PAGE_FILES
 
 
-async def _index(request: Request) -> Response:
-    return FileResponse(WEB_DIR / "index.html", media_type="text/html", headers=_HEADERS)
-
-
-def _asset(name: str) -> Route:
-    media_type = _FILES[name]
-
+def _file_route(path: str, name: str, media_type: str) -> Route:
     async def serve(request: Request) -> Response:
         return FileResponse(WEB_DIR / name, media_type=media_type, headers=_HEADERS)
 
-    return Route(f"/web/{name}", serve, methods=["GET"])
+    return Route(path, serve, methods=["GET"])
 
 
 def chat_page_routes() -> list[BaseRoute]:
-    """``/`` and one route per file the page is made of: no path reaches another file."""
-    return [Route("/", _index, methods=["GET"]), *(_asset(name) for name in _FILES)]
+    """One route per file the page is made of: no path reaches another file."""
+    return [_file_route(path, *served) for path, served in PAGE_FILES.items()]

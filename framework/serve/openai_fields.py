@@ -102,23 +102,28 @@ _MESSAGE = {
         "tool_call_id": {"type": "string"},
     },
 }
-_TOOL = {
-    "type": "object",
-    "required": ["type", "function"],
-    "properties": {
-        "type": {"const": "function"},
-        "function": {
-            "type": "object",
-            "required": ["name"],
-            "properties": {
-                "name": {"type": "string"},
-                "description": {"type": "string"},
-                "parameters": {"type": "object"},
-                "strict": {"type": ["boolean", "null"]},
-            },
-        },
-    },
-}
+
+
+def _function_tool(**properties: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's ``{"type": "function", "function": {"name": ..., ...}}`` shape: a tool
+    (with its description and parameters) or a named tool_choice (a name only)."""
+    function = {
+        "type": "object",
+        "required": ["name"],
+        "properties": {"name": {"type": "string"}, **properties},
+    }
+    return {
+        "type": "object",
+        "required": ["type", "function"],
+        "properties": {"type": {"const": "function"}, "function": function},
+    }
+
+
+_TOOL = _function_tool(
+    description={"type": "string"},
+    parameters={"type": "object"},
+    strict={"type": ["boolean", "null"]},
+)
 _STREAM_OPTIONS = {
     "type": ["object", "null"],
     "properties": {
@@ -165,18 +170,7 @@ CHAT_FIELDS: dict[str, dict[str, Any]] = {
     "tool_choice": {
         "anyOf": [
             {"enum": ["none", "auto", "required", None]},
-            {
-                "type": "object",
-                "required": ["type", "function"],
-                "properties": {
-                    "type": {"const": "function"},
-                    "function": {
-                        "type": "object",
-                        "required": ["name"],
-                        "properties": {"name": {"type": "string"}},
-                    },
-                },
-            },
+            _function_tool(),
         ]
     },
     "parallel_tool_calls": {"type": ["boolean", "null"]},

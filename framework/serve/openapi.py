@@ -17,6 +17,7 @@ from typing import Any
 from ..config import FIELDS, IGNORED_HF_FIELDS, UNSUPPORTED_HF_FIELDS
 from ..config_values import BOOL_FIELDS, FLOAT_FIELDS, INT_FIELDS, TOKEN_LIST_FIELDS
 from ..version import __version__
+from .chat_page import PAGE_FILES
 from .openai_fields import CHAT_FIELDS, COMPLETION_FIELDS, IGNORED, OPENAI_FIELDS, UNSUPPORTED
 
 __all__ = ["openapi_document"]
@@ -164,8 +165,6 @@ _DETOKENIZE_ANSWER = {
     "required": ["prompt"],
     "properties": {"prompt": {"type": "string"}},
 }
-#: the chat page's files (``chat_page.py``), public like /health
-PAGE_FILES = {"/": "text/html", "/web/chat.js": "text/javascript", "/web/chat.css": "text/css"}
 
 
 def _setting_schema(name: str) -> dict[str, Any]:
@@ -341,7 +340,7 @@ def openapi_document(*, api_key: bool = False, web: bool = True) -> dict[str, An
         "/detokenize": _post("the text of token ids", _DETOKENIZE_REQUEST, _DETOKENIZE_ANSWER),
     }
     if web:
-        paths.update({path: _page_file(kind) for path, kind in PAGE_FILES.items()})
+        paths.update({path: _page_file(kind) for path, (_, kind) in PAGE_FILES.items()})
     document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {
