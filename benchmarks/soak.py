@@ -54,6 +54,7 @@ import math
 import os
 import platform
 import random
+import re
 import secrets
 import signal
 import socket
@@ -510,18 +511,20 @@ def sample_rss(soak: Soak, every: float) -> None:
 
 
 def metrics(soak: Soak) -> dict[str, float]:
-    """The unlabelled samples of ``/metrics``."""
+    """The samples of ``/metrics`` that are unlabelled or labelled by model only, summed
+    over the models."""
     conn = soak.connect(30)
     try:
         conn.request("GET", "/metrics", headers=soak.headers())
         text = conn.getresponse().read().decode()
     finally:
         conn.close()
-    values = {}
+    values: dict[str, float] = {}
     for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if line and not line.startswith("#") and "{" not in name:
-            values[name] = float(value)
+        series, _, value = line.rpartition(" ")
+        name, _, labels = series.partition("{")
+        if line and not line.startswith("#") and re.fullmatch(r'(model="[^"]*"\})?', labels):
+            values[name] = values.get(name, 0.0) + float(value)
     return values
 
 

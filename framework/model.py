@@ -251,7 +251,7 @@ class ExportedModel:
             raise ModelLoadError(f"{graph}: onnxruntime cannot load it: {exc}") from exc
         self.config = read_model_config(self.path)
         self.signature = read_signature(self.session, graph)
-        self.max_context = _max_context(self.config)
+        self.max_context = max_context(self.config)
 
     def binding(self) -> ForwardBinding:
         """A new binding for one request's forwards (see :class:`ForwardBinding`)."""
@@ -431,7 +431,7 @@ def read_model_config(folder: Path) -> dict[str, Any]:
     )
 
 
-def _max_context(config: dict[str, Any]) -> int | None:
+def max_context(config: dict[str, Any]) -> int | None:
     """The longest sequence the model was trained for, if config.json says."""
     for key in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):
         if isinstance(config.get(key), int):

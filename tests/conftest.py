@@ -91,6 +91,17 @@ def tiny_text_model(tiny_root: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def two_text_models(tiny_root: Path) -> dict[str, Path]:
+    """Two tiny models with tokenizers and different weights (a fused Llama and a fused
+    Qwen2), for a server of several models; exported once."""
+    root = tiny_root / "two"
+    return {
+        arch: export_tiny(arch, root, with_tokenizer=True, graph="fused")
+        for arch in ("llama", "qwen2")
+    }
+
+
+@pytest.fixture(scope="session")
 def backbone_dir(tiny_root: Path) -> Path:
     return export_backbone(tiny_root)
 

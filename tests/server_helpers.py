@@ -51,6 +51,8 @@ class ServerProcess:
         self._lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         self.url = ""
+        self.models: list[str] = []  # the ids it serves (the first is the default)
+        self.model = ""
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -72,7 +74,10 @@ class ServerProcess:
                 self.stop()
                 raise RuntimeError(f"the server did not start:\n{self.log()}")
             if " at http://" in line:
-                self.url = line.split(" at ", 1)[1].strip().removesuffix("/v1")
+                served, self.url = line.split(": ", 1)[1].rsplit(" at ", 1)
+                self.url = self.url.strip().removesuffix("/v1")
+                self.models = served.split(", ")
+                self.model = self.models[0]
         return self
 
     def log(self) -> str:
@@ -127,13 +132,28 @@ def call(
         return status, text
 
 
-def metric(server: ServerProcess, name: str) -> float:
-    """One unlabelled sample of ``/metrics``."""
+def metric(server: ServerProcess, name: str, **labels: str) -> float:
+    """A sample of ``/metrics``: the sum of ``name``'s series whose labels include
+    ``labels`` (every model's when none are given)."""
     _, text = call(server, "/metrics")
+    return sum_of(text, name, **labels)
+
+
+def sum_of(text: str, name: str, **labels: str) -> float:
+    """The sum of the series ``name`` in an exposition text, over those whose labels
+    include ``labels``; KeyError when there is none."""
+    wanted = {f'{key}="{value}"' for key, value in labels.items()}
+    found = []
     for line in text.splitlines():
-        if line.startswith(f"{name} "):
-            return float(line.split()[1])
-    raise KeyError(name)
+        series, _, value = line.rpartition(" ")
+        base, _, label_text = series.partition("{")
+        if base != name:
+            continue
+        if wanted <= set(label_text.rstrip("}").split(",")) - {""}:
+            found.append(float(value))
+    if not found:
+        raise KeyError(f"{name} {labels}")
+    return sum(found)
 
 
 @contextlib.contextmanager

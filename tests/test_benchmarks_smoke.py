@@ -157,3 +157,16 @@ def test_compare_py_end_to_end_on_a_tiny_model(tiny_text_model, tmp_path) -> Non
     assert 0 < timed["import_s"] < timed["load_s"]
     assert row["agreement_top1"] == 1.0 and row["perplexity"] > 1
     assert "**Quality**" in out.with_suffix(".md").read_text()
+
+
+def test_model_switch_on_a_tiny_model(tiny_text_model) -> None:
+    """benchmarks/model_switch.py on a tiny model: every request switches (--max-loaded
+    1), each load is reported, and both ids answer the same tokens."""
+    command = [
+        sys.executable, "benchmarks/model_switch.py", "--model", str(tiny_text_model),
+        "--switches", "4",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "over 3 loads" in done.stdout
+    assert "both ids answer the same: True" in done.stdout

@@ -20,8 +20,9 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.support.ui import WebDriverWait
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
+import ortgen
 from tests.server_helpers import KEY, ROOT, ServerProcess, call, metric
 from tests.tiny_models import export_tiny
 
@@ -258,3 +259,30 @@ def test_chat_with_the_default_model_and_screenshot(browser, default_model_dir):
         browser.save_screenshot(str(SCREENSHOT))
     finally:
         server.stop()
+
+
+def test_the_model_picker_sends_the_chosen_model(browser, two_text_models):
+    """A server of two models: the page lists both, and the answer comes from the one
+    picked (each model's own greedy chat answer, which differ)."""
+    flags = [f"--model={name}={path}" for name, path in two_text_models.items()]
+    two = ServerProcess(*flags, "--threads", "1").ready()
+    try:
+        open_page(browser, two)
+        picker = Select(browser.find_element(By.ID, "model"))
+        assert [option.text for option in picker.options] == ["llama", "qwen2"]
+        answers = {}
+        for name in ("qwen2", "llama"):
+            picker.select_by_visible_text(name)
+            greedy(browser, 12)
+            ask(browser, "hi")
+            last_meta(browser)
+            answers[name] = turns(browser)[-1]["content"]
+            browser.find_element(By.ID, "new-chat").click()
+        for name, path in two_text_models.items():
+            want = ortgen.load(path, threads=1).chat(
+                [{"role": "user", "content": "hi"}], max_new_tokens=12
+            )
+            assert answers[name] == want.text, name
+        assert answers["llama"] != answers["qwen2"]
+    finally:
+        two.stop()

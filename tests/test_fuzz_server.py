@@ -29,7 +29,7 @@ from tests.fuzz_values import JSON_VALUE, SETTING_KEYS, typed_value
 
 KEY = "fuzz-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-DOCUMENT = openapi_document(api_key=True)
+DOCUMENT = openapi_document(api_key=True, models=["tiny"])
 SCHEMAS = DOCUMENT["components"]["schemas"]
 SCHEMA = schemathesis.openapi.from_dict(DOCUMENT)
 #: how long one request may take before it counts as a hang (the tiny model answers
@@ -51,13 +51,14 @@ def server(tiny_text_model):
     import ortgen
     from ortgen.serve.app import build_app
     from ortgen.serve.engine import Engine
+    from ortgen.serve.model_pool import ModelPool, ServedModel
     from ortgen.serve.state import ServerState
 
     gen = ortgen.load(tiny_text_model, threads=1)
     engine = Engine(gen, max_batch=4, max_queue=16)
-    state = ServerState(gen, engine, model_id="tiny", api_key=KEY)
+    state = ServerState(ModelPool.single(ServedModel("tiny", gen, engine)), api_key=KEY)
     app = build_app(state)
-    engine.start()  # what the app's lifespan does, once for the module (see below)
+    state.models.start()  # what the app's lifespan does, once for the module (see below)
     try:
         with asgi.get_client(_without_lifespan(app)) as client:
             client.routes = app.routes  # type: ignore[attr-defined]

@@ -365,12 +365,14 @@ def test_health_reports_a_dead_decode_loop(fused_chat) -> None:
     from starlette.testclient import TestClient
 
     from ortgen.serve.app import build_app
+    from ortgen.serve.model_pool import ModelPool, ServedModel
     from ortgen.serve.state import ServerState
 
     engine = Engine(fused_chat, max_batch=2)
-    state = ServerState(fused_chat, engine, model_id="tiny")
+    state = ServerState(ModelPool.single(ServedModel("tiny", fused_chat, engine)))
     with TestClient(build_app(state)) as client:
-        assert client.get("/health").json() == {"status": "ok"}
+        assert client.get("/health").json() == {"status": "ok", "models": {"tiny": "loaded"}}
         engine.shutdown()  # the loop thread ends, as if it had died
         answer = client.get("/health")
-        assert (answer.status_code, answer.json()) == (503, {"status": "engine_stopped"})
+        stopped = {"status": "engine_stopped", "stopped": ["tiny"], "models": {"tiny": "loaded"}}
+        assert (answer.status_code, answer.json()) == (503, stopped)

@@ -347,7 +347,8 @@ def test_unparseable_bodies(big):
 
 
 def test_api_key_routes_and_models(big):
-    assert call(big, "/health", key=None) == (200, {"status": "ok"})
+    health = {"status": "ok", "models": {"smollm2-135m-instruct": "loaded"}}
+    assert call(big, "/health", key=None) == (200, health)
     for key in (None, "wrong"):
         status, answer = call(big, "/v1/models", key=key)
         assert status == 401 and answer["error"]["code"] == "invalid_api_key"
@@ -451,8 +452,9 @@ def test_metrics_text(big):
         "ortgen_drafted_tokens_total",
         "ortgen_accepted_drafts_total",
     ):
-        assert f"\n{name} " in text, name
-    assert 'ortgen_time_to_first_token_seconds{quantile="0.5"}' in text
+        assert f'\n{name}{{model="{big.model}"}} ' in text, name
+    assert f'ortgen_time_to_first_token_seconds{{model="{big.model}",quantile="0.5"}}' in text
+    assert f'\nortgen_model_loaded{{model="{big.model}"}} 1\n' in text
     assert 'ortgen_http_requests_total{route="/v1/chat/completions",code="400"}' in text
     assert metric(big, "ortgen_generated_tokens_total") > 0
 

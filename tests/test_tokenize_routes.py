@@ -14,6 +14,7 @@ from starlette.testclient import TestClient
 import ortgen
 from ortgen.serve.app import build_app
 from ortgen.serve.engine import Engine
+from ortgen.serve.model_pool import ModelPool, ServedModel
 from ortgen.serve.state import ServerState
 from tests.tiny_models import export_tiny
 
@@ -30,7 +31,7 @@ def gen(tiny_root: Path):
 
 @pytest.fixture(scope="module")
 def client(gen) -> Iterator[TestClient]:
-    state = ServerState(gen, Engine(gen, max_batch=2), model_id="tiny")
+    state = ServerState(ModelPool.single(ServedModel("tiny", gen, Engine(gen, max_batch=2))))
     with TestClient(build_app(state)) as test_client:
         yield test_client
 

@@ -21,9 +21,24 @@ SAMPLING_FLAGS = (
 )
 
 
-def add_model_flags(parser: argparse.ArgumentParser, *, pipeline: bool = True) -> None:
-    """``-m/--model``, ``--threads``, ``--spin-us`` and (unless told not to) ``--pipeline``."""
-    parser.add_argument("-m", "--model", help="exported model folder (default: the built-in model)")
+def add_model_flags(
+    parser: argparse.ArgumentParser, *, pipeline: bool = True, several: bool = False
+) -> None:
+    """``-m/--model`` (repeatable with ``several``), ``--threads``, ``--spin-us`` and
+    (unless told not to) ``--pipeline``."""
+    if several:
+        parser.add_argument(
+            "-m",
+            "--model",
+            action="append",
+            metavar="[NAME=]FOLDER",
+            help="an exported model folder, served as NAME (default: the folder's name); "
+            "repeat for several models, the first is the default (default: the built-in model)",
+        )
+    else:
+        parser.add_argument(
+            "-m", "--model", help="exported model folder (default: the built-in model)"
+        )
     parser.add_argument("--threads", type=int, help="onnxruntime intra-op threads (default: cores)")
     parser.add_argument(
         "--spin-us",

@@ -9,8 +9,21 @@ from .args import add_model_flags, component_spec
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
-    add_model_flags(p)
+    p = sub.add_parser("serve", help="serve models over an OpenAI-compatible HTTP API")
+    add_model_flags(p, several=True)
+    p.add_argument(
+        "--models-dir",
+        metavar="DIR",
+        help="serve every model folder in DIR too, each by its folder's name",
+    )
+    p.add_argument(
+        "--max-loaded",
+        type=int,
+        default=4,
+        metavar="N",
+        help="models loaded at once; past it the least recently used is unloaded "
+        "(default 4; 0: no limit)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free one)")
     p.add_argument("--max-batch", type=int, default=8, help="rows decoded together (default 8)")

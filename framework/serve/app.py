@@ -30,11 +30,13 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import ConfigError, InputError
+from ..model import max_context, read_model_config
 from ..outputs import StreamPiece
 from .chat_page import chat_page_routes, is_page_path
 from .engine import RowHandle
 from .errors import RequestError, shutting_down
 from .metrics import render
+from .model_pool import ServedModel
 from .openai_api import ParsedRequest, parse_chat, parse_completion
 from .openapi import PUBLIC_PATHS, openapi_document
 from .responses import Answer, Choice
@@ -76,16 +78,22 @@ async def _generate(request: Request, parse: Callable[..., ParsedRequest]) -> Re
     if not state.accepting:
         raise shutting_down()
     body = await _read_json(request, state.max_body_bytes)
-    parsed = parse(body, state.gen, max_rows=state.max_rows)
-    handles = state.admit(parsed)
-    answer = Answer(parsed, state.model_id, state.words)
+    model = await state.models.acquire(body.get("model"))
+    try:
+        parsed = parse(body, model.gen, max_rows=model.max_rows)
+        handles = state.admit(model, parsed)
+    except BaseException:
+        state.models.release(model)
+        raise
+    answer = Answer(parsed, model.id, model.words)
     choices = [Choice(row.index) for row in parsed.rows]
     if parsed.stream:
-        return _EventStream(state, handles, choices, _events(answer, handles, choices))
+        events = _events(answer, handles, choices)
+        return _EventStream(lambda: state.release(model, handles, choices), events)
     try:
         return await _complete(request, answer, handles, choices)
     finally:
-        state.release(handles, choices)
+        state.release(model, handles, choices)
 
 
 async def _read_json(request: Request, limit: int) -> dict[str, Any]:
@@ -225,15 +233,9 @@ class _EventStream(EventSourceResponse):
     """An SSE response that releases its rows however it ends: finished, failed, client
     gone, or cancelled before the generator ever ran (then its own ``finally`` cannot)."""
 
-    def __init__(
-        self,
-        state: ServerState,
-        handles: list[RowHandle],
-        choices: list[Choice],
-        events: AsyncIterator[dict[str, str]],
-    ) -> None:
+    def __init__(self, release: Callable[[], None], events: AsyncIterator[dict[str, str]]) -> None:
         super().__init__(events, sep="\n", ping=15)
-        self._release = lambda: state.release(handles, choices)
+        self._release = release
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -245,31 +247,36 @@ class _EventStream(EventSourceResponse):
 # -- other routes ----------------------------------------------------------------------
 
 
-def _model_card(state: ServerState) -> dict[str, Any]:
+def _model_card(state: ServerState, model_id: str) -> dict[str, Any]:
     """OpenAI's model object, with the context length as vLLM gives it (``max_model_len``:
-    prompt plus answer tokens; null when the model does not say)."""
+    prompt plus answer tokens; null when the model does not say, read from its folder so
+    an unloaded model has it too) and whether it is loaded now."""
+    folder = state.models.sources[model_id].path
     return {
-        "id": state.model_id,
+        "id": model_id,
         "object": "model",
         "created": state.created,
         "owned_by": "ortgen",
-        "max_model_len": state.gen.model.max_context,
+        "max_model_len": max_context(read_model_config(folder)),
+        "status": state.models.state_of(model_id),
     }
 
 
 async def tokenize(request: Request) -> Response:
     """Text (``prompt``) or a conversation (``messages``, through the chat template, as
-    a chat request would see it) to token ids: vLLM's ``/tokenize`` shape."""
+    a chat request would see it) to token ids: vLLM's ``/tokenize`` shape; ``model``
+    picks the model whose tokenizer counts (omitted: the first)."""
     state: ServerState = request.app.state.ortgen
     body = await _read_json(request, state.max_body_bytes)
-    ids = tokenize_body(state.gen, body)
-    answer: dict[str, Any] = {
-        "count": len(ids),
-        "max_model_len": state.gen.model.max_context,
-        "tokens": ids,
-    }
-    if body.get("return_token_strs"):
-        answer["token_strs"] = [state.words.tokenizer.id_to_token(i) for i in ids]
+    async with _using(state, body) as model:
+        ids = tokenize_body(model.gen, body)
+        answer: dict[str, Any] = {
+            "count": len(ids),
+            "max_model_len": model.gen.model.max_context,
+            "tokens": ids,
+        }
+        if body.get("return_token_strs"):
+            answer["token_strs"] = [model.words.tokenizer.id_to_token(i) for i in ids]
     return JSONResponse(answer)
 
 
@@ -277,44 +284,60 @@ async def detokenize(request: Request) -> Response:
     """Token ids to text: vLLM's ``/detokenize`` shape (``tokens`` in, ``prompt`` out)."""
     state: ServerState = request.app.state.ortgen
     body = await _read_json(request, state.max_body_bytes)
-    return JSONResponse({"prompt": detokenize_body(state.gen, body)})
+    async with _using(state, body) as model:
+        return JSONResponse({"prompt": detokenize_body(model.gen, body)})
+
+
+@contextlib.asynccontextmanager
+async def _using(state: ServerState, body: dict[str, Any]) -> AsyncIterator[ServedModel]:
+    """The model a body names, held while a route uses it."""
+    if not state.accepting:
+        raise shutting_down()
+    model = await state.models.acquire(body.get("model"))
+    try:
+        yield model
+    finally:
+        state.models.release(model)
 
 
 async def list_models(request: Request) -> Response:
     state: ServerState = request.app.state.ortgen
-    return JSONResponse({"object": "list", "data": [_model_card(state)]})
+    cards = [_model_card(state, model_id) for model_id in state.models.sources]
+    return JSONResponse({"object": "list", "data": cards})
 
 
 async def get_model(request: Request) -> Response:
     state: ServerState = request.app.state.ortgen
-    if request.path_params["model_id"] != state.model_id:
-        raise RequestError(
-            f"this server serves {state.model_id!r} only",
-            param="model",
-            status=404,
-            code="model_not_found",
-        )
-    return JSONResponse(_model_card(state))
+    model_id = state.models.resolve(request.path_params["model_id"], optional=False)
+    return JSONResponse(_model_card(state, model_id))
 
 
 async def health(request: Request) -> Response:
+    """ok while every loaded model's decode loop runs (a dead one: 503 naming it, since
+    nothing queued on it would ever run); the state of each model alongside."""
     state: ServerState = request.app.state.ortgen
+    models = {model_id: state.models.state_of(model_id) for model_id in state.models.sources}
     if not state.accepting:
-        return JSONResponse({"status": "shutting_down"}, status_code=503)
-    if not state.engine.alive:  # the decode loop died: nothing queued would ever run
-        return JSONResponse({"status": "engine_stopped"}, status_code=503)
-    return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "shutting_down", "models": models}, status_code=503)
+    dead = [model.id for model in state.models.loaded() if not model.engine.alive]
+    if dead:
+        answer = {"status": "engine_stopped", "stopped": dead, "models": models}
+        return JSONResponse(answer, status_code=503)
+    return JSONResponse({"status": "ok", "models": models})
 
 
 async def openapi(request: Request) -> Response:
     """The OpenAPI document (``openapi``): open like /health, so tools can read it."""
     state: ServerState = request.app.state.ortgen
-    return JSONResponse(openapi_document(api_key=state.api_key is not None, web=state.web))
+    document = openapi_document(
+        api_key=state.api_key is not None, web=state.web, models=list(state.models.sources)
+    )
+    return JSONResponse(document)
 
 
 async def metrics(request: Request) -> Response:
     state: ServerState = request.app.state.ortgen
-    text = render(state.engine.stats, state.http, model=state.model_id)
+    text = render(state.models, state.http)
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 
@@ -400,13 +423,13 @@ def build_app(state: ServerState) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        state.engine.start()
+        state.models.start()
         try:
             yield
         finally:
             state.accepting = False
             state.cancel_all()
-            await asyncio.to_thread(state.engine.shutdown, 5.0)
+            await state.models.close(5.0)
 
     app = Starlette(
         routes=[

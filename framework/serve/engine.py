@@ -62,6 +62,8 @@ class EngineStats:
     peak_batch_size: int = 0  # the most rows one decode step has run
     queue_length: int = 0
     first_token_s: collections.deque = field(default_factory=lambda: collections.deque(maxlen=512))
+    first_token_sum: float = 0.0  # seconds, over every row that produced a token
+    first_token_count: int = 0
     decode_tokens_per_s: float = 0.0
 
     def count_outcome(self, outcome: str) -> None:
@@ -134,6 +136,7 @@ class Engine:
         max_queue: int = 64,
         share_prefixes: bool = True,
         cache: tuple[str, dict[str, Any]] | None = None,
+        stats: EngineStats | None = None,
     ) -> None:
         if max_batch < 1 or max_queue < 0:
             raise ValueError("max_batch must be at least 1 and max_queue at least 0")
@@ -145,7 +148,9 @@ class Engine:
         self.max_queue = max_queue
         #: whether a row starts from a prompt prefix a slot holds (``ortgen.plugins.kv_slots``)
         self.share_prefixes = share_prefixes
-        self.stats = EngineStats()
+        #: the counters; a server passes the same object to each engine a model gets
+        #: (it may be unloaded and loaded again), so its counters only grow
+        self.stats = stats if stats is not None else EngineStats()
         self._waiting: collections.deque[RowHandle] = collections.deque()
         self._wake = threading.Condition()
         self._accepting = True
@@ -423,5 +428,7 @@ class Engine:
         self.stats.prompt_tokens += len(handle.prompt)
         if handle.first_token_s is not None:
             self.stats.first_token_s.append(handle.first_token_s)
+            self.stats.first_token_sum += handle.first_token_s
+            self.stats.first_token_count += 1
         if outcome == "cancelled":
             handle._loop.call_soon_threadsafe(handle._queue.put_nowait, None)

@@ -1,8 +1,9 @@
-"""``GET /metrics``: the engine's counters in Prometheus' text exposition format.
+"""``GET /metrics``: the engines' counters in Prometheus' text exposition format, labelled
+by model.
 
 Written by hand (a dozen lines of text) rather than with ``prometheus_client``, so serving
 needs no further dependency. Counters only grow; gauges are read at scrape time. The
-time-to-first-token quantiles come from the engine's window of recent rows
+time-to-first-token quantiles come from each engine's window of recent rows
 (``EngineStats.first_token_s``); the summary's ``_sum`` and ``_count`` are cumulative
 over every row, as Prometheus expects of them.
 """
@@ -13,7 +14,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .engine import EngineStats
+from .model_pool import ModelPool
 
 QUANTILES = (0.5, 0.9, 0.99)
 
@@ -25,8 +26,6 @@ class HttpStats:
     #: (route, status code) -> responses
     responses: dict[tuple[str, int], int] = field(default_factory=dict)
     in_flight: int = 0  # generation requests being answered
-    first_token_sum: float = 0.0  # seconds, over every row that produced a token
-    first_token_count: int = 0
 
     def count(self, route: str, status: int) -> None:
         key = (route, status)
@@ -55,21 +54,40 @@ def _recent(window: Iterable[float]) -> list[float]:
     return []
 
 
+def _escape(value: object) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def _metric(lines: list[str], name: str, kind: str, help_text: str) -> None:
     lines.append(f"# HELP {name} {help_text}")
     lines.append(f"# TYPE {name} {kind}")
 
 
 def _labels(labels: Mapping[str, object]) -> str:
-    inner = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    """Prometheus' label set; values escaped (a model id is a folder name: any text)."""
+    inner = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
     return f"{{{inner}}}" if inner else ""
 
 
-def render(stats: EngineStats, http: HttpStats, *, model: str) -> str:
-    """The exposition text for one scrape."""
+def render(models: ModelPool, http: HttpStats) -> str:
+    """The exposition text for one scrape: HTTP counts for the server, the rest labelled
+    by model (every served model, loaded or not: a series does not vanish with an
+    unload, and its counters go on growing when the model is loaded again)."""
+    ids = list(models.sources)
     lines: list[str] = []
-    _metric(lines, "ortgen_info", "gauge", "The served model (always 1).")
-    lines.append(f"ortgen_info{_labels({'model': model})} 1")
+    _metric(lines, "ortgen_info", "gauge", "The served models (always 1).")
+    lines.extend(f"ortgen_info{_labels({'model': i})} 1" for i in ids)
+    _metric(lines, "ortgen_model_loaded", "gauge", "1 while the model is loaded, else 0.")
+    lines.extend(
+        f"ortgen_model_loaded{_labels({'model': i})} {int(models.state_of(i) == 'loaded')}"
+        for i in ids
+    )
+    for name, table, help_text in (
+        ("ortgen_model_loads_total", models.stats.loads, "Times the model was loaded."),
+        ("ortgen_model_unloads_total", models.stats.unloads, "Times it was unloaded for room."),
+    ):
+        _metric(lines, name, "counter", help_text)
+        lines.extend(f"{name}{_labels({'model': i})} {table[i]}" for i in ids)
 
     _metric(lines, "ortgen_http_requests_total", "counter", "HTTP responses by route and code.")
     for (route, code), value in sorted(http.responses.items()):
@@ -77,53 +95,61 @@ def render(stats: EngineStats, http: HttpStats, *, model: str) -> str:
     _metric(lines, "ortgen_requests_in_flight", "gauge", "Generation requests being answered.")
     lines.append(f"ortgen_requests_in_flight {http.in_flight}")
 
-    counters = (
-        ("ortgen_rows_total", stats.requests, "Rows (one choice of one prompt) queued."),
-        ("ortgen_rows_finished_total", stats.finished, "Rows that ran to their end."),
-        ("ortgen_rows_failed_total", stats.failed, "Rows a plugin or the model failed."),
-        ("ortgen_rows_cancelled_total", stats.cancelled, "Rows cancelled (client gone, shutdown)."),
-        ("ortgen_prompt_tokens_total", stats.prompt_tokens, "Prompt tokens of ended rows."),
-        ("ortgen_generated_tokens_total", stats.generated_tokens, "Tokens generated."),
-        (
-            "ortgen_shared_prefills_total",
-            stats.shared_prefills,
-            "Rows that took a held row's prefill of the same prompt instead of their own.",
-        ),
-        (
-            "ortgen_reused_prompt_tokens_total",
-            stats.reused_prompt_tokens,
-            "Prompt tokens taken from a prefix a slot held (a shared system prompt) "
-            "instead of prefilled.",
-        ),
-        (
-            "ortgen_drafted_tokens_total",
-            stats.drafted_tokens,
-            "Tokens drafters proposed (speculative decoding: prompt_lookup_num_tokens, drafter).",
-        ),
-        (
-            "ortgen_accepted_drafts_total",
-            stats.accepted_drafts,
-            "Drafted tokens the model kept; each one saved a forward.",
-        ),
-    )
-    for name, value, help_text in counters:
-        _metric(lines, name, "counter", help_text)
-        lines.append(f"{name} {value}")
-    gauges = (
-        ("ortgen_queue_length", stats.queue_length, "Rows waiting for a batch slot."),
-        ("ortgen_batch_size", stats.batch_size, "Rows in the batch being decoded."),
-        ("ortgen_peak_batch_size", stats.peak_batch_size, "Most rows one decode step has run."),
-        ("ortgen_decode_tokens_per_second", stats.decode_tokens_per_s, "Recent decode speed."),
-    )
-    for name, gauge, help_text in gauges:
-        _metric(lines, name, "gauge", help_text)
-        lines.append(f"{name} {float(gauge):g}")
+    stats = models.engine_stats
+    for name, attribute, kind, help_text in _ENGINE_SERIES:
+        _metric(lines, name, kind, help_text)
+        for i in ids:
+            value = getattr(stats[i], attribute)
+            shown = value if kind == "counter" else f"{float(value):g}"
+            lines.append(f"{name}{_labels({'model': i})} {shown}")
 
     name = "ortgen_time_to_first_token_seconds"
     _metric(lines, name, "summary", "From queuing a row to its first token.")
-    recent = _recent(stats.first_token_s)
-    for q in QUANTILES:
-        lines.append(f"{name}{_labels({'quantile': q})} {_value(quantile(recent, q))}")
-    lines.append(f"{name}_sum {http.first_token_sum:.6g}")
-    lines.append(f"{name}_count {http.first_token_count}")
+    for i in ids:
+        recent = _recent(stats[i].first_token_s)
+        for q in QUANTILES:
+            estimate = _value(quantile(recent, q))
+            lines.append(f"{name}{_labels({'model': i, 'quantile': q})} {estimate}")
+        lines.append(f"{name}_sum{_labels({'model': i})} {stats[i].first_token_sum:.6g}")
+        lines.append(f"{name}_count{_labels({'model': i})} {stats[i].first_token_count}")
     return "\n".join(lines) + "\n"
+
+
+#: (series, EngineStats attribute, kind, help) of each engine's counters and gauges
+_ENGINE_SERIES = (
+    ("ortgen_rows_total", "requests", "counter", "Rows (one choice of one prompt) queued."),
+    ("ortgen_rows_finished_total", "finished", "counter", "Rows that ran to their end."),
+    ("ortgen_rows_failed_total", "failed", "counter", "Rows a plugin or the model failed."),
+    ("ortgen_rows_cancelled_total", "cancelled", "counter", "Rows cancelled (client gone, drain)."),
+    ("ortgen_prompt_tokens_total", "prompt_tokens", "counter", "Prompt tokens of ended rows."),
+    ("ortgen_generated_tokens_total", "generated_tokens", "counter", "Tokens generated."),
+    (
+        "ortgen_shared_prefills_total",
+        "shared_prefills",
+        "counter",
+        "Rows that took a held row's prefill of the same prompt instead of their own.",
+    ),
+    (
+        "ortgen_reused_prompt_tokens_total",
+        "reused_prompt_tokens",
+        "counter",
+        "Prompt tokens taken from a prefix a slot held (a shared system prompt) "
+        "instead of prefilled.",
+    ),
+    (
+        "ortgen_drafted_tokens_total",
+        "drafted_tokens",
+        "counter",
+        "Tokens drafters proposed (speculative decoding: prompt_lookup_num_tokens, drafter).",
+    ),
+    (
+        "ortgen_accepted_drafts_total",
+        "accepted_drafts",
+        "counter",
+        "Drafted tokens the model kept; each one saved a forward.",
+    ),
+    ("ortgen_queue_length", "queue_length", "gauge", "Rows waiting for a batch slot."),
+    ("ortgen_batch_size", "batch_size", "gauge", "Rows in the batch being decoded."),
+    ("ortgen_peak_batch_size", "peak_batch_size", "gauge", "Most rows one decode step has run."),
+    ("ortgen_decode_tokens_per_second", "decode_tokens_per_s", "gauge", "Recent decode speed."),
+)

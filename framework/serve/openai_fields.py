@@ -138,7 +138,11 @@ _STREAM_OPTIONS = {
 #: ``settings_of`` and ``openai_api`` read by name (any other key is an ortgen setting)
 #: and what ``openapi`` publishes. Ranges come from NUMBERS and INTEGERS above.
 COMMON_FIELDS: dict[str, dict[str, Any]] = {
-    "model": {"type": "string", "description": "any string: the server has one model"},
+    "model": {
+        "type": "string",
+        "description": "one of the ids /v1/models lists (404 for another; a server of one "
+        "model takes any name); omitted or empty: the first model the server was given",
+    },
     "max_tokens": _integer_schema(*INTEGERS["max_tokens"]),
     "temperature": _number_schema("temperature"),
     "top_p": _number_schema("top_p"),
@@ -237,8 +241,6 @@ def settings_of(
 ) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
     """The OpenAI sampling fields as ortgen settings, the field each came from, and the
     fields still to place (n, seed, stream). Other keys are ortgen settings as given."""
-    if not isinstance(body.get("model", ""), str):
-        raise RequestError("model must be a string", param="model")
     settings: dict[str, Any] = {}
     names: dict[str, str] = {}
     for key, value in body.items():

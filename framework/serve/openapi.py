@@ -12,13 +12,21 @@ still be refused, with a 400 naming it. Clients and schemathesis read it
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ..config import FIELDS, IGNORED_HF_FIELDS, UNSUPPORTED_HF_FIELDS
 from ..config_values import BOOL_FIELDS, FLOAT_FIELDS, INT_FIELDS, TOKEN_LIST_FIELDS
 from ..version import __version__
 from .chat_page import PAGE_FILES
-from .openai_fields import CHAT_FIELDS, COMPLETION_FIELDS, IGNORED, OPENAI_FIELDS, UNSUPPORTED
+from .openai_fields import (
+    CHAT_FIELDS,
+    COMMON_FIELDS,
+    COMPLETION_FIELDS,
+    IGNORED,
+    OPENAI_FIELDS,
+    UNSUPPORTED,
+)
 
 __all__ = ["openapi_document"]
 
@@ -113,6 +121,11 @@ _MODEL = {
             "type": ["integer", "null"],
             "description": "the context length in tokens (prompt and answer), as vLLM gives it",
         },
+        "status": {
+            "enum": ["loaded", "loading", "unloading", "unloaded"],
+            "description": "models load on first use; past --max-loaded the least recently "
+            "used one is unloaded",
+        },
     },
 }
 _MODEL_LIST = {
@@ -122,15 +135,28 @@ _MODEL_LIST = {
 }
 _HEALTH = {
     "type": "object",
-    "required": ["status"],
-    "properties": {"status": {"enum": ["ok", "shutting_down", "engine_stopped"]}},
+    "required": ["status", "models"],
+    "properties": {
+        "status": {"enum": ["ok", "shutting_down", "engine_stopped"]},
+        "models": {
+            "type": "object",
+            "description": "each served model's state (as in /v1/models)",
+            "additionalProperties": {"type": "string"},
+        },
+        "stopped": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "the models whose decode loop stopped (engine_stopped)",
+        },
+    },
 }
+_MODEL_FIELD = COMMON_FIELDS["model"]  # the same field on every route
 _TOKENIZE_REQUEST = {
     "type": "object",
     "description": "either prompt (text) or messages (a conversation, through the chat "
     "template as a chat request sees it)",
     "properties": {
-        "model": {"type": "string"},
+        "model": _MODEL_FIELD,
         "prompt": {"type": "string"},
         "messages": {"type": "array", "items": {"type": "object"}, "minItems": 1},
         "add_special_tokens": {"type": "boolean"},
@@ -155,7 +181,7 @@ _DETOKENIZE_REQUEST = {
     "type": "object",
     "required": ["tokens"],
     "properties": {
-        "model": {"type": "string"},
+        "model": _MODEL_FIELD,
         "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}},
     },
     "additionalProperties": False,
@@ -214,6 +240,14 @@ def _request(fields: dict[str, dict[str, Any]], required: str) -> dict[str, Any]
     }
 
 
+def _naming(request: dict[str, Any], models: Sequence[str]) -> dict[str, Any]:
+    """A request schema whose ``model`` lists the served ids (a copy: the tables stay)."""
+    if not models:
+        return request
+    field = {**request["properties"]["model"], "enum": list(models)}
+    return {**request, "properties": {**request["properties"], "model": field}}
+
+
 def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
@@ -242,7 +276,7 @@ def _generation(request: str, answer: str, summary: str) -> dict[str, Any]:
                         "text/event-stream": {"schema": {"type": "string"}},
                     },
                 },
-                **_errors(400, 401, 413, 429, 500, 503),
+                **_errors(400, 401, 404, 413, 429, 500, 503),
             },
         }
     }
@@ -253,7 +287,7 @@ def _post(summary: str, request: dict[str, Any], answer: dict[str, Any]) -> dict
         "post": {
             "summary": summary,
             "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
-            "responses": {"200": _json(answer, summary), **_errors(400, 401, 413)},
+            "responses": {"200": _json(answer, summary), **_errors(400, 401, 404, 413, 500, 503)},
         }
     }
 
@@ -272,10 +306,13 @@ def _page_file(media_type: str) -> dict[str, Any]:
     }
 
 
-def openapi_document(*, api_key: bool = False, web: bool = True) -> dict[str, Any]:
+def openapi_document(
+    *, api_key: bool = False, web: bool = True, models: Sequence[str] = ()
+) -> dict[str, Any]:
     """The OpenAPI 3.1 document; with ``api_key``, the routes that need the key say so
     (``/health``, ``/openapi.json`` and the chat page's files are open); with ``web``,
-    the chat page's files are listed."""
+    the chat page's files are listed; with ``models``, a request's ``model`` field lists
+    the ids this server serves."""
     paths: dict[str, Any] = {
         "/v1/completions": _generation("CompletionRequest", "Completion", "a text completion"),
         "/v1/chat/completions": _generation(
@@ -283,7 +320,7 @@ def openapi_document(*, api_key: bool = False, web: bool = True) -> dict[str, An
         ),
         "/v1/models": {
             "get": {
-                "summary": "the one model this server serves",
+                "summary": "the models this server serves, loaded or not",
                 "responses": {
                     "200": _json({"$ref": "#/components/schemas/ModelList"}, "the models"),
                     **_errors(401),
@@ -312,7 +349,7 @@ def openapi_document(*, api_key: bool = False, web: bool = True) -> dict[str, An
                 "summary": "whether the server takes requests (no API key needed)",
                 "responses": {
                     "200": _json(_HEALTH, "serving"),
-                    "503": _json(_HEALTH, "draining after SIGTERM"),
+                    "503": _json(_HEALTH, "draining after SIGTERM, or a decode loop stopped"),
                 },
             }
         },
@@ -335,9 +372,13 @@ def openapi_document(*, api_key: bool = False, web: bool = True) -> dict[str, An
             }
         },
         "/tokenize": _post(
-            "token ids of a text or a conversation", _TOKENIZE_REQUEST, _TOKENIZE_ANSWER
+            "token ids of a text or a conversation",
+            _naming(_TOKENIZE_REQUEST, models),
+            _TOKENIZE_ANSWER,
         ),
-        "/detokenize": _post("the text of token ids", _DETOKENIZE_REQUEST, _DETOKENIZE_ANSWER),
+        "/detokenize": _post(
+            "the text of token ids", _naming(_DETOKENIZE_REQUEST, models), _DETOKENIZE_ANSWER
+        ),
     }
     if web:
         paths.update({path: _page_file(kind) for path, (_, kind) in PAGE_FILES.items()})
@@ -351,8 +392,8 @@ def openapi_document(*, api_key: bool = False, web: bool = True) -> dict[str, An
         "paths": paths,
         "components": {
             "schemas": {
-                "CompletionRequest": _request(COMPLETION_FIELDS, "prompt"),
-                "ChatCompletionRequest": _request(CHAT_FIELDS, "messages"),
+                "CompletionRequest": _naming(_request(COMPLETION_FIELDS, "prompt"), models),
+                "ChatCompletionRequest": _naming(_request(CHAT_FIELDS, "messages"), models),
                 "Completion": _COMPLETION,
                 "ChatCompletion": _CHAT_COMPLETION,
                 "Model": _MODEL,

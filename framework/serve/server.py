@@ -1,4 +1,5 @@
-"""``ortgen serve``: load the model, build the engine and the app, run uvicorn.
+"""``ortgen serve``: load the first model (the others load on first use), build the app,
+run uvicorn.
 
 Shutdown is ortgen's, not uvicorn's: uvicorn would close the listening socket at once (new
 clients get "connection refused" instead of a 503), sse-starlette would cut every stream
@@ -17,41 +18,34 @@ import importlib
 import os
 import socket
 import sys
+from collections.abc import Callable
 from types import FrameType
 
 import uvicorn
 
 from ..errors import OrtgenError
 from .app import build_app
-from .engine import Engine
+from .engine import Engine, EngineStats
+from .model_pool import ModelPool, ModelSource, ServedModel
+from .model_sources import model_sources
 from .state import ServerState
 
 
 def main(args: argparse.Namespace) -> int:
     """Run the server until SIGTERM/SIGINT; 0 after a clean drain."""
-    from ..api import load
-
     _check_flags(args)
     plugins = [_import_plugin(name) for name in args.plugin]
-    gen = load(
-        args.model,
-        threads=args.threads,
-        spin_us=args.spin_us,
-        pipeline=args.pipeline,
-        plugins=plugins,
-    )
-    engine = Engine(
-        gen,
-        max_batch=args.max_batch,
-        max_queue=args.max_queue,
-        share_prefixes=not args.no_prefix_sharing,
-        cache=args.cache,  # (name, params) from --cache, or None: the built-in one
-    )
-    engine.open_batch()  # a --cache that cannot serve a batch fails now, not at startup
+    sources = model_sources(args.model or [], args.models_dir)
+    load = _loader(args, plugins)
+    if sources:
+        pool = ModelPool(sources, load, max_loaded=args.max_loaded)
+        pool.load_now(pool.default_id)  # a model or flag that cannot serve fails now
+    else:  # the pipeline's model, or the built-in one (built on first use)
+        first = load(None, None)
+        pool = ModelPool([ModelSource(first.id, first.gen.path)], load)
+        pool.adopt(first)
     state = ServerState(
-        gen,
-        engine,
-        model_id=gen.path.name,
+        pool,
         api_key=args.api_key or os.environ.get("ORTGEN_API_KEY") or None,
         max_body_bytes=args.max_body_bytes,
         web=not getattr(args, "no_web", False),
@@ -70,11 +64,38 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _loader(args: argparse.Namespace, plugins: list[object]) -> Callable[..., ServedModel]:
+    """How each model loads: the same threads, pipeline, plugins and engine flags for all."""
+    from ..api import load
+
+    def load_model(source: ModelSource | None, stats: EngineStats | None) -> ServedModel:
+        gen = load(
+            source.path if source else None,
+            threads=args.threads,
+            spin_us=args.spin_us,
+            pipeline=args.pipeline,
+            plugins=plugins,
+        )
+        engine = Engine(
+            gen,
+            max_batch=args.max_batch,
+            max_queue=args.max_queue,
+            share_prefixes=not args.no_prefix_sharing,
+            cache=args.cache,  # (name, params) from --cache, or None: the built-in one
+            stats=stats,
+        )
+        engine.open_batch()  # a --cache that cannot serve a batch fails now
+        return ServedModel(source.id if source else gen.path.name, gen, engine)
+
+    return load_model
+
+
 def _check_flags(args: argparse.Namespace) -> None:
     for flag, value, low in (
         ("--max-batch", args.max_batch, 1),
         ("--max-queue", args.max_queue, 1),  # rows wait in the queue before they join
         ("--max-body-bytes", args.max_body_bytes, 1),
+        ("--max-loaded", args.max_loaded, 0),  # 0: no limit
         ("--port", args.port, 0),
     ):
         if value < low:
@@ -145,6 +166,7 @@ class _Server(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started and sockets:
-            print(f"ortgen serve: {self.state.model_id} at {_url(sockets[0])}/v1", flush=True)
+            served = ", ".join(self.state.models.sources)
+            print(f"ortgen serve: {served} at {_url(sockets[0])}/v1", flush=True)
             if self.state.web:
                 print(f"ortgen serve: chat page: open {_url(sockets[0])}/", flush=True)

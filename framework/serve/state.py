@@ -1,5 +1,5 @@
-"""What the routes of ``ortgen serve`` share: the model, the engine, limits, counters and
-the rows in flight, and the drain that SIGTERM starts.
+"""What the routes of ``ortgen serve`` share: the models (``model_pool``), limits,
+counters and the rows in flight, and the drain that SIGTERM starts.
 
 A request owns its rows from :meth:`ServerState.admit` to :meth:`ServerState.release`;
 whatever is unfinished at release (the client left, the server drains) is cancelled, so
@@ -12,55 +12,48 @@ import asyncio
 import logging
 import time
 
-from ..api import TextGenerator
 from ..errors import ConfigError, InputError
-from .engine import Engine, QueueFull, RowHandle, ShuttingDown
+from .engine import QueueFull, RowHandle, ShuttingDown
 from .errors import RequestError, shutting_down
 from .metrics import HttpStats
+from .model_pool import ModelPool, ServedModel
 from .openai_api import ParsedRequest, check_row
-from .responses import Choice, TokenText
+from .responses import Choice
 
 log = logging.getLogger("ortgen.serve")
 
 
 class ServerState:
-    """What the routes share: the model, the engine, limits, counters, live rows."""
+    """What the routes share: the models, limits, counters, live rows."""
 
     def __init__(
         self,
-        gen: TextGenerator,
-        engine: Engine,
+        models: ModelPool,
         *,
-        model_id: str,
         api_key: str | None = None,
         max_body_bytes: int = 1 << 20,
         web: bool = True,
     ) -> None:
-        if gen.tokenizer is None:
-            raise InputError(f"ortgen serve needs a model with a tokenizer; {gen.path} has none")
-        self.gen = gen
-        self.engine = engine
-        self.model_id = model_id
+        self.models = models
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
         self.web = web  # the chat page at / (``--no-web``: off)
-        self.max_rows = max(1, engine.max_queue)  # what one request can surely queue
-        self.words = TokenText(gen.tokenizer)
         self.http = HttpStats()
         self.accepting = True
         self.handles: set[RowHandle] = set()
         self.created = int(time.time())
 
-    def admit(self, request: ParsedRequest) -> list[RowHandle]:
-        """Check every row, then queue them all (or none: a full queue cancels the rows
-        this request queued already)."""
+    def admit(self, model: ServedModel, request: ParsedRequest) -> list[RowHandle]:
+        """Check every row, then queue them all on ``model``'s engine (or none: a full
+        queue cancels the rows this request queued already)."""
         if not self.accepting:
             raise shutting_down()
-        chains = [check_row(self.engine, self.gen, row, request) for row in request.rows]
+        engine = model.engine
+        chains = [check_row(engine, model.gen, row, request) for row in request.rows]
         handles: list[RowHandle] = []
         try:
             for row, chain in zip(request.rows, chains, strict=True):
-                handles.append(self.engine.submit(row.prompt, row.settings, chain=chain))
+                handles.append(engine.submit(row.prompt, row.settings, chain=chain))
         except Exception as exc:
             for handle in handles:
                 handle.cancel()
@@ -77,16 +70,15 @@ class ServerState:
         self.http.in_flight += 1
         return handles
 
-    def release(self, handles: list[RowHandle], choices: list[Choice]) -> None:
-        """The request is answered (or abandoned): cancel its unfinished rows."""
+    def release(self, model: ServedModel, handles: list[RowHandle], choices: list[Choice]) -> None:
+        """The request is answered (or abandoned): cancel its unfinished rows, and let go
+        of its model."""
         for handle, choice in zip(handles, choices, strict=True):
             if not choice.ended:
                 handle.cancel()
             self.handles.discard(handle)
-            if handle.first_token_s is not None:
-                self.http.first_token_sum += handle.first_token_s
-                self.http.first_token_count += 1
         self.http.in_flight -= 1
+        self.models.release(model)
 
     def cancel_all(self) -> None:
         for handle in list(self.handles):
@@ -96,7 +88,9 @@ class ServerState:
         """SIGTERM: refuse new requests (503), give those in flight ``grace`` seconds,
         then cancel what is left and wait (briefly) for those answers to go out."""
         self.accepting = False
-        self.engine.stop_accepting()
+        self.models.stop_accepting()
+        for model in self.models.loaded():
+            model.engine.stop_accepting()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         while self.http.in_flight and loop.time() < deadline:

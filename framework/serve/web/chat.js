@@ -67,7 +67,7 @@ function requestBody() {
   if (system) messages.push({ role: "system", content: system });
   for (const turn of chat.turns) messages.push({ role: turn.role, content: turn.content });
   const body = {
-    model: $("model").value || "default",
+    model: $("model").value,  // empty: the server's first model
     messages,
     stream: true,
     stream_options: { include_usage: true },
