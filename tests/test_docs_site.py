@@ -1,6 +1,7 @@
 """The documentation site builds with ``mkdocs build --strict`` (``make docs``): every
 page in the nav, every relative link resolving, the API reference collected from the
-docstrings; and a broken link fails the build."""
+docstrings; and a broken link, or a link to a section that does not exist, fails the
+build."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,11 +38,18 @@ def test_the_site_builds_strictly_with_the_api_reference(tmp_path):
     assert listed == {p.name for p in (ROOT / "docs").glob("*.md")}  # no page left out
 
 
-def test_a_broken_link_fails_the_build(tmp_path):
+@pytest.mark.parametrize(
+    ("link", "named"),
+    [
+        ("[nothing](no-such-page.md)", "no-such-page.md"),
+        ("[nowhere](server.md#no-such-section)", "no-such-section"),  # mkdocs' default: info
+    ],
+)
+def test_a_broken_link_fails_the_build(tmp_path, link, named):
     docs = tmp_path / "docs"
     shutil.copytree(ROOT / "docs", docs)
     page = docs / "cli.md"
-    page.write_text(page.read_text() + "\nSee [nothing](no-such-page.md).\n")
+    page.write_text(page.read_text() + f"\nSee {link}.\n")
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
     config["docs_dir"] = str(docs)
     python = config["plugins"][1]["mkdocstrings"]["handlers"]["python"]
@@ -48,4 +57,4 @@ def test_a_broken_link_fails_the_build(tmp_path):
     (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(config))
     result = build(tmp_path / "mkdocs.yml", tmp_path / "site")
     assert result.returncode != 0
-    assert "no-such-page.md" in result.stderr
+    assert named in result.stderr
