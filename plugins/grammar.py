@@ -90,6 +90,12 @@ class GrammarConstraint:
         if first.is_error():
             raise ConfigError(f"{self.setting}: llguidance refused it: {_reason(first)}")
         self.matchers = [first] + [first.deep_copy() for _ in range(ctx.batch_size - 1)]
+        #: special tokens that are not the end of sequence: llguidance may allow one it
+        #: cannot then consume (a WordLevel vocabulary's <unk> for text it cannot spell)
+        self._specials = np.array(
+            sorted(set(ctx.tokenizer.special_ids) - set(self.eos) - {None}), dtype=np.int64
+        )
+        self._specials = self._specials[self._specials < self.vocab]
         words = (self.vocab + 31) // 32
         self._bits = np.zeros((ctx.batch_size, words), dtype=np.int32)
         self._held: tuple[int, Any] | None = None  # (id of scores, mask) of this step
@@ -157,18 +163,33 @@ class GrammarConstraint:
             llguidance.numpy.fill_next_token_bitmask(matcher, bits, row)
         unpacked = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")
         allowed = unpacked.view(bool)[:, : self.vocab]
+        self._drop_unconsumable(allowed)
         empty = ~allowed.any(axis=1)
-        if empty.any():
+        if empty.any():  # the request's constraint, not a failure of the component
             row = int(np.flatnonzero(empty)[0])
-            why = _reason(self.matchers[row]) or "no continuation"
-            raise ValueError(
-                f"row {row}: the grammar allows no token here ({why}); the text so far "
-                "cannot be completed"
+            why = _reason(self.matchers[row])
+            raise NoTokenLeft(
+                f"logits processor 'grammar': row {row}: no token of this model's vocabulary "
+                f"continues the {self.setting} here{f' ({why})' if why else ''}: it asks for "
+                "text the vocabulary cannot spell (a character the tokenizer has no token or "
+                "byte for), so the text so far cannot be completed"
             )
         flat = np.flatnonzero(allowed)
         if flat.size * 16 <= allowed.size:
             return allowed, flat, None
         return allowed, None, np.where(allowed, np.float32(0), np.float32(-np.inf))
+
+    def _drop_unconsumable(self, allowed: np.ndarray) -> None:
+        """Clear the special tokens the mask allows but the matcher would refuse (llguidance
+        lets an unknown token stand for text the vocabulary cannot spell, then fails
+        when it comes): checked one by one, and only those allowed (almost never)."""
+        if not self._specials.size:
+            return
+        rows, columns = np.nonzero(allowed[:, self._specials])
+        for row, column in zip(rows.tolist(), columns.tolist(), strict=True):
+            token = int(self._specials[column])
+            if not self.matchers[row].validate_tokens([token]):
+                allowed[row, token] = False
 
     def prepare(self) -> None:
         """Start the next mask on another core while the forward runs: it depends only on
@@ -254,7 +275,11 @@ class GrammarConstraint:
             return []
         if matcher.is_stopped():
             return [self.eos[0]]
-        return matcher.compute_ff_tokens()
+        forced = matcher.compute_ff_tokens()
+        # llguidance tokenizes forced text with the model's tokenizer, which may give the
+        # unknown token for text the vocabulary cannot spell; keep only what continues
+        # the grammar (the mask then says that nothing does: NoTokenLeft, not a crash)
+        return forced[: matcher.validate_tokens(forced)] if forced else forced
 
     def valid_prefix(self, row: int, tokens: Sequence[int]) -> int:
         """How many of the drafted ``tokens`` continue ``row``'s grammar, in order

@@ -17,7 +17,7 @@ from typing import Any
 import jsonschema
 import pytest
 import schemathesis
-from hypothesis import event, given, reject
+from hypothesis import event, given
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.core.transport import STREAM_CUT_SHORT_ATTRIBUTE as asgi_cut_short
@@ -84,21 +84,11 @@ def _without_lifespan(app: Any) -> Any:
     return wrapped
 
 
-#: the 500 fuzzing found and that is not fixed (a strict xfail below): a constraint that
-#: needs text the vocabulary cannot spell (a character vocabulary without byte fallback)
-#: fails in the grammar, and the server counts that component failure as its own (500).
-#: Such answers are set aside, not passed. (Settings that leave no token at all are a
-#: 400 now: NoTokenLeft.)
-KNOWN_500 = re.compile(r"does not continue the grammar|the grammar allows no token")
-
-
 def check_answer(path: str, response: Any) -> None:
     """2xx with the document's body (or a stream of chunks), or a 4xx error body."""
     status = response.status_code
     text = response.content.decode("utf-8", "replace")
     event(f"status {status}")
-    if status == 500 and KNOWN_500.search(text):
-        reject()  # a known finding (KNOWN_500), not a pass
     assert status < 500, f"{status}: {text[:3000]}"
     if status >= 400:
         jsonschema.validate(json.loads(text), SCHEMAS["Error"])
@@ -121,8 +111,6 @@ def check_stream(text: str, *, cut_short: bool) -> None:
         payload = json.loads(data)
         if "error" in payload:
             jsonschema.validate(payload, SCHEMAS["Error"])
-            if payload["error"]["type"] == "server_error" and KNOWN_500.search(data):
-                reject()  # a known finding (KNOWN_500), not a pass
             assert payload["error"]["type"] != "server_error", payload
         else:
             assert payload["object"] in ("text_completion", "chat.completion.chunk"), payload
@@ -212,26 +200,21 @@ class _Answer:
         self.stream_cut_short = bool(getattr(response, asgi_cut_short, False))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="found by fuzzing, not fixed: a constraint needing text the vocabulary cannot "
-    "spell (the tiny models' character vocabulary has no 'é' nor control characters, and "
-    "no byte fallback) lets llguidance force <unk>, which then fails the grammar: the "
-    "row fails as a ComponentError, which the server answers with 500, not 400",
-)
-@pytest.mark.parametrize("choice", ["é", "\x1f"])
+@pytest.mark.parametrize("choice", ["é", "\x1f", "aé"])
 def test_a_constraint_the_vocabulary_cannot_spell_is_a_400(server, choice):
+    """Found by fuzzing: a constraint needing text the vocabulary cannot spell (the tiny
+    models' character vocabulary has no 'é' nor control characters, and no byte
+    fallback). llguidance let the unknown token stand for it, then refused it: a 500.
+    Now the grammar drops what its matcher would refuse, and a row left with nothing is
+    NoTokenLeft (the request's constraint): a 400 naming it."""
     body = {"prompt": "hi", "max_tokens": 4, "choice": [choice]}
     response = server.post(
         "/v1/completions",
         data=json.dumps(body),
         headers={**AUTH, "Content-Type": "application/json"},
     )
-    known = response.status_code == 500 and "server_error" in response.text
-    if response.status_code != 400 and not known:
-        pytest.fail(f"not the known failure: {response.status_code} {response.text[:300]}")
     assert response.status_code == 400, response.text[:500]
+    assert "vocabulary cannot spell" in response.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(

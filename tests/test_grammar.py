@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import ortgen
-from ortgen.errors import ComponentError, ConfigError
+from ortgen.errors import ComponentError, ConfigError, NoTokenLeft
 from tests.tiny_models import export_tiny
 
 PERSON = {
@@ -191,6 +191,25 @@ def test_a_row_whose_grammar_allows_nothing_fails_with_its_reason(gen) -> None:
     brace = gen.tokenizer.encode("{", add_special_tokens=False)
     with pytest.raises(ComponentError, match="every token the grammar allows here was removed"):
         gen.generate("Hi", json_object=True, bad_words_ids=[brace], fast_forward=False)
+
+
+@pytest.mark.parametrize("choice", ["é", "aé", "\x1f"])
+@pytest.mark.parametrize("fast_forward", [True, False])
+def test_text_the_vocabulary_cannot_spell_is_no_token_left(gen, choice, fast_forward) -> None:
+    """The tiny character vocabulary has no 'é' and no byte fallback: llguidance allows
+    (or forces) the unknown token for it and then refuses it. The grammar drops it, and
+    the row is left with nothing: NoTokenLeft (an InputError: the request asked for it),
+    not a component crash; the text each row of the batch produced is kept."""
+    unknown = gen.tokenizer.encode("é", add_special_tokens=False)
+    assert len(unknown) == 1 and unknown[0] in gen.tokenizer.special_ids  # <unk>
+    with pytest.raises(NoTokenLeft, match="vocabulary cannot spell"):
+        gen.generate("Hi", choice=[choice], fast_forward=fast_forward, max_new_tokens=4)
+    prompts = [{"prompt": "Hi", "choice": ["ab"]}, {"prompt": "Hi", "choice": [choice]}]
+    with pytest.raises(NoTokenLeft) as caught:
+        gen.generate(prompts, max_new_tokens=4, fast_forward=fast_forward)
+    kept = caught.value.partial.text  # what each row produced up to the failure is kept
+    assert kept[1] == choice[:-1] and "ab".startswith(kept[0])
+    assert len(kept[0]) >= len(kept[1])  # the other row went as far
 
 
 def test_a_model_without_a_tokenizer_cannot_be_constrained(tiny_llama_gen) -> None:
