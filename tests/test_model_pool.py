@@ -116,6 +116,23 @@ def test_a_model_in_use_is_not_unloaded_and_nobody_starves() -> None:
     asyncio.run(run())
 
 
+def test_an_idle_model_goes_before_a_busy_one_used_longer_ago() -> None:
+    """--max-loaded 2: a is held (and used before b); c must not wait for a's request
+    when b, idle, can go at once."""
+
+    async def run() -> None:
+        pool, _ = _pool("abc", max_loaded=2)
+        held = await pool.acquire("a")
+        pool.release(await pool.acquire("b"))
+        model = await asyncio.wait_for(pool.acquire("c"), 5)  # a still held
+        assert _states(pool) == "a:loaded b:unloaded c:loaded"
+        assert pool.stats.unloads == {"a": 0, "b": 1, "c": 0}
+        pool.release(model)
+        pool.release(held)
+
+    asyncio.run(run())
+
+
 def test_many_waiters_share_one_load_and_counters_outlive_it() -> None:
     async def run() -> None:
         pool, loader = _pool("ab", max_loaded=1)

@@ -161,7 +161,7 @@ def test_max_loaded_one_unloads_and_reloads_and_keeps_answering(two_text_models,
         assert metric(server, "ortgen_rows_finished_total") == len(jobs) + len(burst)
         assert metric(server, "ortgen_rows_failed_total") == 0
         log = server.log()
-        assert "unloading llama (least recently used; --max-loaded 1)" in log
+        assert "unloading llama to make room (--max-loaded 1)" in log
     finally:
         server.stop()
     assert server.proc.returncode == 0

@@ -7,7 +7,8 @@ batch and decode thread) and its counters. A request names a model by the OpenAI
 (a stream holds it until its last event), so a model is never unloaded under a request.
 
 Models load on first use (in a worker thread: the event loop keeps answering) and, past
-``max_loaded``, the least recently used one is unloaded. A model that must go but still
+``max_loaded``, one is unloaded: the least recently used that no request holds, or, when
+every loaded model is busy, the least recently used. A model that must go but still
 answers requests is *retiring*: it takes no new requests, and goes when its last request
 ends; requests for it wait and load it again afterwards. Evictions are taken one at a
 time and waiters are woken in arrival order, so with ``--max-loaded 1`` and two models
@@ -253,16 +254,19 @@ class ModelPool:
         return not self.max_loaded or len(self._entries) < self.max_loaded
 
     def _make_room(self) -> None:
-        """Send the least recently used loaded model away, unless one is going already."""
+        """Send a loaded model away, unless one is going already: the least recently used
+        of those no request holds (it goes at once), else the least recently used."""
         if any(entry.retiring for entry in self._entries.values()):
             return
-        for model_id, entry in self._entries.items():  # oldest use first
-            if entry.model is not None:
-                entry.retiring = True
-                _say(f"unloading {model_id} (least recently used; --max-loaded {self.max_loaded})")
-                if entry.users == 0:
-                    self._start_unload(model_id, entry)
-                return
+        loaded = [(i, entry) for i, entry in self._entries.items() if entry.model is not None]
+        idle = [(i, entry) for i, entry in loaded if entry.users == 0]
+        if not loaded:  # every slot is loading: wait for one
+            return
+        model_id, entry = (idle or loaded)[0]  # oldest use first
+        entry.retiring = True
+        _say(f"unloading {model_id} to make room (--max-loaded {self.max_loaded})")
+        if entry.users == 0:
+            self._start_unload(model_id, entry)
 
     def _start_load(self, model_id: str) -> _Entry:
         entry = _Entry()
