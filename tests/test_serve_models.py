@@ -10,8 +10,10 @@ gives, and an answer from the wrong model would show.
 from __future__ import annotations
 
 import asyncio
+import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import openai
@@ -197,3 +199,50 @@ def test_bad_model_flags_fail_at_startup_naming_them(two_text_models, tmp_path, 
     assert done.returncode == 2, done.stderr
     assert message.format(**names) in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_clients_hanging_up_during_switches_leave_nothing_behind(two_text_models, gens):
+    """--max-loaded 1 and 60 requests at once for either model, a quarter of them from
+    clients that hang up within 0.3 s (while their model loads, waits or decodes): every
+    answer that arrives is its model's own, and afterwards nothing is in flight, queued
+    or failed, /health is ok, and both models answer again."""
+    flags = [f"--model={name}={path}" for name, path in two_text_models.items()]
+    server = ServerProcess(*flags, "--max-loaded", "1", "--threads", "1", "--api-key", KEY)
+    server.ready()
+    draw = random.Random(7)
+    plan = [
+        (draw.choice(MODELS), i, draw.random() < 0.25, draw.uniform(0.01, 0.3)) for i in range(60)
+    ]
+
+    async def one(client: openai.AsyncOpenAI, model: str, i: int, hang: bool, after: float):
+        if hang:
+            client = client.with_options(timeout=after)
+        try:
+            return await _ask(client, model, i, stream=i % 2 == 0)
+        except openai.APITimeoutError:
+            assert hang, (model, i)
+            return None
+
+    async def run() -> list[str | None]:
+        client = server.async_client()
+        return await asyncio.gather(*(one(client, *job) for job in plan))
+
+    try:
+        got = asyncio.run(run())
+        for (model, i, _, _), text in zip(plan, got, strict=True):
+            if text is not None:
+                assert text == _want(gens[model], i), f"{model} request {i}"
+        assert sum(text is not None for text in got) >= 40
+        deadline = time.monotonic() + 30
+        while metric(server, "ortgen_requests_in_flight") or metric(server, "ortgen_batch_size"):
+            assert time.monotonic() < deadline, "rows left behind"
+            time.sleep(0.1)
+        assert metric(server, "ortgen_queue_length") == 0
+        assert metric(server, "ortgen_rows_failed_total") == 0
+        assert metric(server, "ortgen_model_unloads_total") >= 2
+        assert call(server, "/health", key=None)[0] == 200
+        for model in MODELS:
+            assert _ask_all(server, [(model, 3)]) == [_want(gens[model], 3)]
+    finally:
+        server.stop()
+    assert server.proc.returncode == 0
