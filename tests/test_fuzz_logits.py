@@ -29,6 +29,8 @@ from tests.fuzz_settings import fuzz
 
 REGISTRY = build_registry(make_plugin_manager())
 PROCESSORS = REGISTRY.names("logits_processor")
+#: those that need no tokenizer (the grammar has its own test, on a text vocabulary)
+PLAIN_PROCESSORS = [name for name in PROCESSORS if name != "grammar"]
 SAMPLERS = REGISTRY.names("sampler")
 NAN, INF = float("nan"), float("inf")
 #: every processor that runs on text needs the model's tokenizer (the tiny one's ids)
@@ -213,6 +215,12 @@ def build(kind: str, name: str, params: dict[str, Any], ctx: Any) -> Any:
         return None
 
 
+def draw_processor(data: Any, name: str, vocab: int, ctx: Any, label: str = "params") -> Any:
+    """A processor with drawn parameters, or None when the registry refuses them."""
+    params = data.draw(processor_params(name, vocab), label=label)
+    return build("logits_processor", name, params, ctx)
+
+
 # -- the properties --------------------------------------------------------------------
 
 
@@ -260,7 +268,7 @@ GREEDY = ("greedy", REGISTRY.create("sampler", "greedy", {}, None))
 
 @fuzz(QUICK, long=2000)
 @given(
-    name=st.sampled_from([n for n in PROCESSORS if n != "grammar"]),
+    name=st.sampled_from(PLAIN_PROCESSORS),
     data=st.data(),
     seed=st.integers(0, 2**32 - 1),
 )
@@ -269,8 +277,7 @@ def test_processor_on_random_logits(name, data, seed):
     greedy sampler after it picks an allowed token or refuses the row by name."""
     ids, scores = data.draw(logits(), label="logits")
     vocab = scores.shape[1]
-    params = data.draw(processor_params(name, vocab), label="params")
-    processor = build("logits_processor", name, params, context(ids, vocab, seed))
+    processor = draw_processor(data, name, vocab, context(ids, vocab, seed))
     if processor is None:
         return
     run_chain([(name, processor)], GREEDY, ids, scores)
@@ -278,7 +285,7 @@ def test_processor_on_random_logits(name, data, seed):
 
 @fuzz(QUICK, long=2000)
 @given(
-    name=st.sampled_from([n for n in PROCESSORS if n != "grammar"]),
+    name=st.sampled_from(PLAIN_PROCESSORS),
     data=st.data(),
     seed=st.integers(0, 2**32 - 1),
 )
@@ -288,8 +295,7 @@ def test_processor_keeps_plain_logits_free_of_nan(name, data, seed):
     ids, scores = data.draw(logits(PLAIN_SCORE), label="logits")
     scores[:, 0] = np.where(np.isfinite(scores[:, 0]), scores[:, 0], 0.0)
     vocab = scores.shape[1]
-    params = data.draw(processor_params(name, vocab), label="params")
-    processor = build("logits_processor", name, params, context(ids, vocab, seed))
+    processor = draw_processor(data, name, vocab, context(ids, vocab, seed))
     if processor is None:
         return
     try:
@@ -314,7 +320,7 @@ def test_grammar_on_random_logits(tiny_tokenizer, data, seed):
 
 @fuzz(QUICK, long=2000)
 @given(
-    names=st.lists(st.sampled_from([n for n in PROCESSORS if n != "grammar"]), max_size=4).map(
+    names=st.lists(st.sampled_from(PLAIN_PROCESSORS), max_size=4).map(
         lambda names: ["top_k", *names] if len(names) % 2 else names  # Candidates next
     ),
     sampler=st.sampled_from(["greedy", "multinomial", "mirostat_v2"]),
@@ -329,9 +335,7 @@ def test_chain_of_processors_then_sampler(names, sampler, data, seed):
     ctx = context(ids, vocab, seed)
     chain = []
     for name in names:
-        processor = build(
-            "logits_processor", name, data.draw(processor_params(name, vocab), label=name), ctx
-        )
+        processor = draw_processor(data, name, vocab, ctx, label=name)
         if processor is not None:
             chain.append((name, processor))
     params: dict[str, Any] = {}

@@ -21,12 +21,23 @@ from ortgen.serve.errors import RequestError
 from ortgen.serve.model_pool import ModelPool, ModelSource, ServedModel
 
 
+class _StandEngine:
+    """What the pool touches of an engine: its stats, and whether it takes rows."""
+
+    def __init__(self, stats: EngineStats) -> None:
+        self.stats = stats
+        self.accepting = True
+
+    def stop_accepting(self) -> None:
+        self.accepting = False
+
+
 class _Stand:
-    """What the pool touches of a served model: an id, an engine's stats, start, stop."""
+    """What the pool touches of a served model: an id, an engine, start, stop."""
 
     def __init__(self, model_id: str, stats: EngineStats) -> None:
         self.id = model_id
-        self.engine = type("E", (), {"stats": stats})()
+        self.engine = _StandEngine(stats)
         self.started = self.stopped = False
 
     def start(self) -> None:
@@ -193,6 +204,7 @@ def test_draining_tells_waiters_503() -> None:
         waiter = asyncio.create_task(pool.acquire("b"))
         await _settle()
         pool.stop_accepting()
+        assert not held.engine.accepting  # the loaded engine takes no new rows
         with pytest.raises(RequestError) as caught:
             await asyncio.wait_for(waiter, 5)
         assert caught.value.status == 503

@@ -74,7 +74,6 @@ class ServedModel:
 
     def stop(self, timeout: float) -> None:
         """Cancel what the engine holds and stop its decode thread (if it ran)."""
-        self.engine.stop_accepting()
         if self._started:
             self.engine.shutdown(timeout)
 
@@ -234,8 +233,11 @@ class ModelPool:
             self._start_unload(model.id, entry)
 
     def stop_accepting(self) -> None:
-        """Draining: requests waiting for a model get 503, and no model loads."""
+        """Draining: requests waiting for a model get 503, no model loads, and the loaded
+        ones' engines take no new rows (those queued or running go on)."""
         self._accepting = False
+        for model in self.loaded():
+            model.engine.stop_accepting()
         self._wake()
 
     async def close(self, timeout: float = 5.0) -> None:

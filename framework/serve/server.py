@@ -41,9 +41,7 @@ def main(args: argparse.Namespace) -> int:
         pool = ModelPool(sources, load, max_loaded=args.max_loaded)
         pool.load_now(pool.default_id)  # a model or flag that cannot serve fails now
     else:  # the pipeline's model, or the built-in one (built on first use)
-        first = load(None, None)
-        pool = ModelPool([ModelSource(first.id, first.gen.path)], load)
-        pool.adopt(first)
+        pool = ModelPool.single(load(None, None))
     state = ServerState(
         pool,
         api_key=args.api_key or os.environ.get("ORTGEN_API_KEY") or None,

@@ -89,8 +89,6 @@ class ServerState:
         then cancel what is left and wait (briefly) for those answers to go out."""
         self.accepting = False
         self.models.stop_accepting()
-        for model in self.models.loaded():
-            model.engine.stop_accepting()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         while self.http.in_flight and loop.time() < deadline:
