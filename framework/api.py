@@ -20,6 +20,7 @@ from . import config as config_mod
 from . import prompts as prompts_mod
 from .chain_specs import build_chain, cache_spec
 from .errors import ComponentError, ConfigError, InputError
+from .locate import model_folder
 from .loop.generate import Generation
 from .model import ExportedModel
 from .outputs import GenerationOutput, StreamPiece, output_of, with_calls
@@ -465,8 +466,9 @@ def load(
     plugins: Iterable[object] = (),
     disable_plugins: Iterable[str] = (),
 ) -> TextGenerator:
-    """Load an exported model folder; without a path, the pipeline's ``model`` or else the
-    default model (built on first use). ``pipeline`` (a pipeline file or a loaded
+    """Load a model folder or a GGUF file (built into a cached folder on first use, see
+    :mod:`ortgen.gguf`); without a path, the pipeline's ``model`` or else the default model
+    (built on first use). ``pipeline`` (a pipeline file or a loaded
     :class:`~ortgen.pipeline.Pipeline`) becomes the pipeline layer of every call, and its
     ``[plugins] disable`` list is honoured. ``threads`` is onnxruntime's intra-op threads
     (default: the usable cores); between two parallel ops its idle workers spin
@@ -490,6 +492,8 @@ def load(
         from .export.default_model import ensure_default_model
 
         path = ensure_default_model()
+    else:
+        path = model_folder(path)
     disabled = [*disable_plugins, *(pipeline.disable_plugins if pipeline else ())]
     return TextGenerator(
         path,

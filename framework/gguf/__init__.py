@@ -1,0 +1,1 @@
+"""GGUF -> ONNX builder (numpy + onnx only)."""
