@@ -18,7 +18,7 @@ from sweep import write_report
 from transformers import AutoModelForCausalLM
 
 import ortgen
-from ortgen.export.default_model import download_default_gguf
+from ortgen.gguf.default_model import download_default_gguf
 
 MESSAGES = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
 

@@ -39,7 +39,7 @@ def main() -> int:
     if args.model:
         folder = Path(args.model).resolve()
     else:
-        from ortgen.export.default_model import ensure_default_model
+        from ortgen.gguf.default_model import ensure_default_model
 
         folder = ensure_default_model()
     server = ServerProcess(

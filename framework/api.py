@@ -489,7 +489,7 @@ def load(
     if path is None and pipeline is not None:
         path = pipeline.model_path()
     if path is None:
-        from .export.default_model import ensure_default_model
+        from .gguf.default_model import ensure_default_model
 
         path = ensure_default_model()
     else:

@@ -77,3 +77,42 @@ _DIST_INFO = re.compile(r"^(.+?)-([^-]+)\.dist-info$")
 
 def _normalise(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+#: what the ``export`` extra adds for Hugging Face folders (import names checked)
+_EXPORT_EXTRA = ("torch", "transformers", "optimum", "onnxruntime-genai")
+
+
+def export_extra_missing() -> list[str]:
+    """The export extra's packages that are not installed (empty: it is)."""
+    versions = tool_versions()
+    return [name for name in _EXPORT_EXTRA if versions.get(name) is None]
+
+
+def install_command(extra: str) -> str:
+    """A pip command that adds ``extra`` to this ortgen, as it was installed: ortgen is not
+    on the package index, so ``pip install 'ortgen[extra]'`` would fail. The dist-info's
+    ``direct_url.json`` (PEP 610) says where it came from: a folder (a clone; editable or
+    not) or a git URL."""
+    import json
+
+    origin = None
+    for folder in metadata_folders():
+        match = _DIST_INFO.match(os.path.basename(folder)) if folder is not None else None
+        if folder is not None and match and _normalise(match.group(1)) == "ortgen":
+            try:
+                with open(os.path.join(folder, "direct_url.json"), encoding="utf-8") as f:
+                    origin = json.load(f)
+            except (OSError, ValueError):
+                origin = None
+            break
+    if isinstance(origin, dict) and isinstance(origin.get("url"), str):
+        url = origin["url"]
+        if url.startswith("file://"):
+            path = url.removeprefix("file://")
+            editable = (origin.get("dir_info") or {}).get("editable")
+            return f"pip install {'-e ' if editable else ''}'{path}[{extra}]'"
+        vcs = origin.get("vcs_info") or {}
+        if vcs.get("vcs") == "git":
+            return f"pip install 'ortgen[{extra}] @ git+{url}'"
+    return f"pip install '<your ortgen clone>[{extra}]' (from the folder ortgen was cloned into)"

@@ -1,6 +1,6 @@
 """Where models live when no path is given.
 
-The default model is built on first use by ``ortgen.export.default_model``.
+The default model is built on first use by ``ortgen.gguf.default_model``.
 """
 
 from __future__ import annotations

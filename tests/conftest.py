@@ -113,7 +113,7 @@ def no_past_dir(tiny_root: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
-    from ortgen.export.default_model import ensure_default_model
+    from ortgen.gguf.default_model import ensure_default_model
 
     return ensure_default_model()
 
@@ -127,28 +127,32 @@ def default_gen(default_model_dir: Path):
 
 @pytest.fixture(scope="session")
 def reference_model_dir(default_model_dir: Path) -> Path:
-    """The default model's GGUF exported at fp32 as a fused graph: the quality reference,
-    kept (git-ignored) next to the default model and rebuilt when out of date."""
-    from ortgen.export import Variant
+    """The default model's GGUF built with every weight dequantised to float32 (``ortgen.gguf``,
+    precision fp32): the quality reference, kept (git-ignored) next to the default model and
+    rebuilt when out of date (a few seconds)."""
+    from ortgen.gguf.options import BuildOptions
 
-    variant = Variant(graph="fused", precision="fp32")
-    return export_reference(default_model_dir, variant, "smollm2-135m-instruct-fused-fp32")
+    return build_reference(default_model_dir, BuildOptions(precision="fp32"), "smollm2-fp32")
 
 
-def export_reference(default_model_dir: Path, variant: Any, name: str) -> Path:
-    """The default model's GGUF exported as ``variant`` into ``.reference/NAME`` next to
-    the default model (git-ignored), unless a current export is there already."""
-    from ortgen.export import export_model, is_complete_model_folder
-    from ortgen.export.default_model import DEFAULT_GGUF_SHA256, download_default_gguf
-    from ortgen.export.manifest import stale_reason
+def build_reference(default_model_dir: Path, options: Any, name: str) -> Path:
+    """The default model's GGUF built with ``options`` into ``.reference/NAME`` next to the
+    default model (git-ignored), unless a current build is there already."""
+    from ortgen.gguf.build import build_folder
+    from ortgen.gguf.default_model import DEFAULT_GGUF_SHA256, download_default_gguf
+    from ortgen.gguf.options import variant_of
+    from ortgen.manifest import is_complete_model_folder, read_manifest
 
     out = default_model_dir.parent / ".reference" / name
-    current = is_complete_model_folder(out) and (
-        stale_reason(out, variant=variant.to_dict(), source_sha256=DEFAULT_GGUF_SHA256) is None
+    manifest = read_manifest(out) or {}
+    current = (
+        is_complete_model_folder(out)
+        and manifest.get("variant") == variant_of(options)
+        and manifest.get("source_sha256") == DEFAULT_GGUF_SHA256
     )
     if not current:
         gguf = download_default_gguf(default_model_dir.parent / ".cache")
-        export_model(gguf, out, variant=variant, progress=lambda _msg: None, overwrite=True)
+        build_folder(gguf, out, options=options, sha256=DEFAULT_GGUF_SHA256)
     return out
 
 
@@ -165,7 +169,7 @@ def default_hf(default_model_dir: Path):
     reference the fp32 fused graph is compared with token for token."""
     from transformers import AutoModelForCausalLM
 
-    from ortgen.export.default_model import download_default_gguf
+    from ortgen.gguf.default_model import download_default_gguf
 
     gguf = download_default_gguf(default_model_dir.parent / ".cache")
     return AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name).eval()

@@ -51,11 +51,12 @@ def test_the_default_variant_passes_the_quality_rule(default_gen, reference_gen)
     text, its perplexity and top-1 agreement stay where they were measured against the
     fp32 graph's (``MAX_PERPLEXITY_RATIO``, ``MIN_AGREEMENT``)."""
     from ortgen.bench.quality import eval_ids, score_tokens
-    from ortgen.export.variant import DEFAULT_MODEL_VARIANT
+    from ortgen.gguf.default_model import DEFAULT_OPTIONS
+    from ortgen.gguf.options import variant_of
     from ortgen.manifest import read_manifest
 
-    assert read_manifest(default_gen.path)["variant"] == DEFAULT_MODEL_VARIANT.to_dict()
-    assert DEFAULT_MODEL_VARIANT.precision != "fp32"
+    assert read_manifest(default_gen.path)["variant"] == variant_of(DEFAULT_OPTIONS)
+    assert DEFAULT_OPTIONS.precision != "fp32"
     ids = eval_ids(default_gen)
     assert len(ids) > 1900
     reference = score_tokens(reference_gen, ids)

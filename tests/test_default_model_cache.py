@@ -10,20 +10,17 @@ import pytest
 
 import ortgen
 from ortgen import ExportError
-from ortgen.export import (
-    MANIFEST_NAME,
-    default_model,
-    is_complete_model_folder,
-)
-from ortgen.export.default_model import (
+from ortgen.gguf import default_model
+from ortgen.gguf.default_model import (
     DEFAULT_GGUF_SHA256,
+    DEFAULT_OPTIONS,
     build_default_model,
     default_model_stale,
     download_default_gguf,
 )
-from ortgen.export.variant import DEFAULT_MODEL_VARIANT
+from ortgen.gguf.options import BUILD_FORMAT, variant_of
 from ortgen.installed import tool_versions
-from ortgen.manifest import MANIFEST_FORMAT
+from ortgen.manifest import MANIFEST_FORMAT, MANIFEST_NAME, is_complete_model_folder
 from ortgen.paths import DEFAULT_MODEL_NAME
 
 
@@ -65,9 +62,8 @@ def _fake_default_model(models_dir: Path, **changes: object) -> Path:
     manifest = {
         "format": MANIFEST_FORMAT,
         "ortgen": ortgen.__version__,
-        "variant": DEFAULT_MODEL_VARIANT.to_dict(),
+        "variant": variant_of(DEFAULT_OPTIONS),
         "source_sha256": DEFAULT_GGUF_SHA256,
-        "tools": tool_versions(),
         **changes,
     }
     (folder / MANIFEST_NAME).write_text(json.dumps(manifest))
@@ -86,36 +82,34 @@ def test_a_current_default_model_is_returned_at_once(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("changes", "reason"),
     [
-        ({"format": 1}, f"manifest format is 1, this ortgen writes {MANIFEST_FORMAT}"),
-        ({"ortgen": "0.0.1"}, f"from ortgen 0.0.1, this is ortgen {ortgen.__version__}"),
-        (
-            {"variant": {"graph": "optimum", "precision": "fp32", "block_size": 32,
-                         "accuracy_level": 4}},
-            f"variant optimum-fp32, the default is {DEFAULT_MODEL_VARIANT.name}",
-        ),
+        ({"variant": {**variant_of(DEFAULT_OPTIONS), "build_format": BUILD_FORMAT - 1}},
+         f"build_format {BUILD_FORMAT - 1}, precision gguf-exact, accuracy_level 4, this ortgen "
+         f"builds builder ortgen.gguf, build_format {BUILD_FORMAT}"),
+        ({"variant": {"graph": "fused", "precision": "gguf", "block_size": 32,
+                      "accuracy_level": 4}},
+         "it was built as builder None, build_format None, precision gguf"),
         ({"source_sha256": "0" * 64}, "source file's sha256 differs"),
-        ({"tools": {**tool_versions(), "onnxruntime": "0.0.0"}}, "exported with onnxruntime 0.0.0"),
     ],
 )  # fmt: skip
 def test_an_outdated_default_model_is_rebuilt_and_says_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, changes: dict, reason: str
 ) -> None:
-    """Every recorded fact that no longer matches triggers a rebuild with a stage line."""
+    """A build format, options or source that no longer match trigger a rebuild with a
+    line saying why (a folder the export stack made before ortgen.gguf, too)."""
     folder = _fake_default_model(tmp_path, **changes)
     assert reason in (default_model_stale(folder) or "")
     _fake_wheel(tmp_path / ".cache", b"GGUF fake model")
-    built: list[tuple[Path, Path, object]] = []
+    built: list[tuple[Path, Path, object, object]] = []
 
-    def fake_export(source, out, *, variant, progress, overwrite):
-        built.append((source, out, variant))
-        assert overwrite  # the old folder is replaced as a whole
+    def fake_build(source, out, *, options, sha256, progress):
+        built.append((source, out, options, sha256))
         return out
 
-    monkeypatch.setattr(default_model, "export_model", fake_export)
+    monkeypatch.setattr("ortgen.gguf.build.build_folder", fake_build)
     messages: list[str] = []
     assert build_default_model(tmp_path, progress=messages.append) == folder
-    assert built == [(tmp_path / ".cache" / "SmolLM2-135M-Instruct.Q4_1.gguf", folder,
-                      DEFAULT_MODEL_VARIANT)]  # fmt: skip
+    gguf = tmp_path / ".cache" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert built == [(gguf, folder, DEFAULT_OPTIONS, DEFAULT_GGUF_SHA256)]
     assert messages[0].startswith(f"default model {folder} is out of date (")
     assert reason in messages[0] and messages[0].endswith("); rebuilding")
 
@@ -127,7 +121,7 @@ def test_force_rebuilds_a_current_default_model(
     _fake_wheel(tmp_path / ".cache", b"GGUF fake model")
     built: list[Path] = []
     monkeypatch.setattr(
-        default_model, "export_model", lambda source, out, **_kw: built.append(out) or out
+        "ortgen.gguf.build.build_folder", lambda source, out, **_kw: built.append(out) or out
     )
     assert build_default_model(tmp_path, progress=lambda _m: None, force=True) == folder
     assert built == [folder]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ortgen.export.default_model import download_default_gguf
 from ortgen.export.gguf import gguf_to_hf_folder
+from ortgen.gguf.default_model import download_default_gguf
 from ortgen.paths import models_dir
 
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
@@ -94,19 +94,3 @@ def test_gguf_decode_round_trips(gguf_resaved: Path) -> None:
     tok = AutoTokenizer.from_pretrained(gguf_resaved)
     for text in (ROUND_TRIP, "  leading spaces", "tabs\tand\nnewlines\n\n", "don 't , x ."):
         assert tok.decode(tok(text)["input_ids"]) == text
-
-
-@pytest.mark.default_model
-def test_gguf_rewrite_refuses_a_graph_it_rewrote_already(
-    default_model_dir: Path, default_gguf: Path, tmp_path: Path
-) -> None:
-    """Rewriting twice would stack a second set of block-sum rows on the first."""
-    import shutil
-
-    from ortgen.errors import ExportError
-    from ortgen.export.gguf_exact import rewrite_with_gguf_weights
-
-    for name in ("model.onnx", "model.onnx.data"):
-        shutil.copy(default_model_dir / name, tmp_path / name)
-    with pytest.raises(ExportError, match="rewritten already"):
-        rewrite_with_gguf_weights(tmp_path, default_gguf)

@@ -4,8 +4,8 @@
   rule report) equals ``exp`` of transformers' own language-modelling loss on the same
   weights and tokens: on the tiny models, and on the default model's GGUF at fp32 with
   the evaluation text.
-- The GGUF rewrite (``Variant(precision="gguf")``: the GGUF's own 4/8-bit weights kept
-  exactly in MatMulNBits) is exact at accuracy level 0 (fp32 activations): its
+- The GGUF build (``ortgen.gguf``: the GGUF's own 4/8-bit weights kept exactly in
+  MatMulNBits) is exact at accuracy level 0 (fp32 activations): its
   teacher-forced logits equal transformers' on the dequantised GGUF to float rounding.
   (The default model runs at level 4, int8 activations: its distance from fp32 is the
   quality rule's, tests/test_default_model.py.)
@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from ortgen.bench.quality import eval_ids, score_tokens
-from tests.conftest import export_reference
+from tests.conftest import build_reference
 
 
 def hf_loss(hf, ids: list[int]) -> tuple[float, np.ndarray, np.ndarray]:
@@ -63,16 +63,14 @@ def test_perplexity_equals_exp_of_transformers_loss_on_the_default_model(
 
 @pytest.fixture(scope="module")
 def gguf_level0_dir(default_model_dir: Path) -> Path:
-    """The default model's variant (the GGUF's own weights, fused) at accuracy level 0,
+    """The default model's build (the GGUF's own weights, fused) at accuracy level 0,
     kept (git-ignored) next to the fp32 reference and rebuilt when out of date."""
-    from ortgen.export import Variant
-    from ortgen.export.variant import DEFAULT_MODEL_VARIANT
+    from ortgen.gguf.options import BuildOptions
 
-    variant = Variant(**{**DEFAULT_MODEL_VARIANT.to_dict(), "accuracy_level": 0})
-    return export_reference(default_model_dir, variant, f"smollm2-135m-instruct-{variant.name}")
+    return build_reference(default_model_dir, BuildOptions(accuracy_level=0), "smollm2-exact-a0")
 
 
-#: Largest |logit difference| allowed between the level-0 GGUF rewrite and transformers on
+#: Largest |logit difference| allowed between the level-0 GGUF build and transformers on
 #: the dequantised GGUF (logits span ~70): measured 1.2e-4 here and 4.6e-4 on
 #: benchmarks/gguf_exact.py's prompt. The same weights at accuracy level 4 (the default
 #: model: int8 activations) differ by 2.6; a weight block taken from the wrong place, or
@@ -81,7 +79,7 @@ LEVEL0_MAX_DIFF = 1e-3
 
 
 @pytest.mark.default_model
-def test_the_gguf_rewrite_at_accuracy_level_0_equals_transformers(
+def test_the_gguf_build_at_accuracy_level_0_equals_transformers(
     gguf_level0_dir: Path, default_hf
 ) -> None:
     import ortgen

@@ -22,29 +22,14 @@ from typing import Any
 from ..errors import ModelLoadError
 from ..installed import ortgen_version
 from ..manifest import MANIFEST_FORMAT, MANIFEST_NAME
-from .decoder import BuildOptions, build_decoder
+from .decoder import build_decoder
+from .options import BUILD_FORMAT, BuildOptions, variant_of
 from .reader import GGUFFile
 from .spec import ModelSpec, read_spec
 
-__all__ = ["BUILD_FORMAT", "build_folder", "variant_of"]
-
-#: What the builder writes: bump it when a graph it builds would differ, so cached builds
-#: of older formats are rebuilt (saying why).
-BUILD_FORMAT = 1
+__all__ = ["BUILD_FORMAT", "Progress", "build_folder", "variant_of"]
 
 Progress = Callable[[str], None]
-
-
-def variant_of(options: BuildOptions) -> dict[str, Any]:
-    """The manifest's ``variant``: what decides the graph, besides the file."""
-    return {
-        "graph": "fused",
-        "precision": "gguf-exact" if options.precision == "exact" else options.precision,
-        "accuracy_level": options.accuracy_level,
-        "max_context": options.max_context,
-        "builder": "ortgen.gguf",
-        "build_format": BUILD_FORMAT,
-    }
 
 
 def build_folder(

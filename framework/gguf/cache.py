@@ -23,15 +23,14 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from ..errors import ModelLoadError
 from ..manifest import read_manifest
 from ..paths import models_dir
-from .build import BUILD_FORMAT, Progress, build_folder, variant_of
-from .decoder import BuildOptions
+from .options import BUILD_FORMAT, BuildOptions, variant_of
 from .reader import GGUFError, looks_like_gguf
 
 __all__ = ["built_model", "cache_root", "file_sha256", "stderr_progress"]
@@ -52,9 +51,11 @@ def built_model(
     gguf: str | Path,
     *,
     options: BuildOptions | None = None,
-    progress: Progress = stderr_progress,
+    progress: Callable[[str], None] = stderr_progress,
 ) -> Path:
     """The model folder built from ``gguf``: from the cache, or built now."""
+    from .build import build_folder
+
     options = options or BuildOptions()
     source = Path(gguf).expanduser().absolute()
     if not looks_like_gguf(source):
@@ -155,7 +156,7 @@ def _forget_older_builds(root: Path, source: Path, keep: Path) -> None:
 
 
 @contextlib.contextmanager
-def _exclusive(folder: Path, source: Path, progress: Progress) -> Iterator[None]:
+def _exclusive(folder: Path, source: Path, progress: Callable[[str], None]) -> Iterator[None]:
     """Hold the folder's build lock (waiting, and saying so, while another process
     builds it)."""
     fd = os.open(folder.parent / f"{folder.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)

@@ -19,9 +19,7 @@ nothing here branches on a family's name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 from gguf.constants import GGMLQuantizationType
@@ -29,39 +27,17 @@ from gguf.quants import dequantize
 from onnx import TensorProto, helper
 
 from .onnx_writer import GraphWriter
+from .options import BuildOptions
 from .projections import Part, Weight, embedding, kernel_key, linear, merge_parts, take_rows
 from .quant_layout import FloatWeight, to_layout
 from .reader import GGUFError, GGUFFile
 from .rope import rope_caches
 from .spec import ModelSpec, RopeSpec
 
-__all__ = ["BuildOptions", "build_decoder"]
+__all__ = ["build_decoder"]
 
 #: An LM-head part's bytes (``projections``: a lower peak while onnxruntime packs it).
 HEAD_PART_BYTES = 8 * 2**20
-#: positions of the rotary tables when the file's context is longer (64 MB of tables for
-#: a 131,072-token Llama 3; ``max_context`` raises it)
-DEFAULT_MAX_CONTEXT = 32768
-
-Precision = Literal["exact", "fp32"]
-
-
-@dataclass(frozen=True)
-class BuildOptions:
-    """How to build: ``exact`` keeps the file's own integers and scales (MatMulNBits);
-    ``fp32`` dequantises every weight to float32 (a reference graph: ~4 bytes a weight).
-    ``accuracy_level`` is MatMulNBits' (4: int8 activations, fast; 0: float32, exact).
-    ``max_context``: positions the graph serves (default: the file's, up to 32,768)."""
-
-    precision: Precision = "exact"
-    accuracy_level: int = 4
-    max_context: int | None = None
-    verify: bool = False
-
-    def context(self, spec: ModelSpec) -> int:
-        if self.max_context:
-            return int(self.max_context)
-        return min(spec.context, DEFAULT_MAX_CONTEXT)
 
 
 def build_decoder(g: GGUFFile, spec: ModelSpec, options: BuildOptions, out_dir: Path) -> None:
@@ -168,7 +144,7 @@ class _Decoder:
             logits = w.node("Div", [logits, cap], "/lm_head/softcap/Div")[0]
             logits = w.node("Tanh", [logits], "/lm_head/softcap/Tanh")[0]
             logits = w.node("Mul", [logits, cap], "/lm_head/softcap/Mul")[0]
-        w.nodes.append(helper.make_node("Identity", [logits], ["logits"], name="/lm_head/logits"))
+        w.rename(logits, "logits")
 
     def mask_lengths(self, mask: str) -> tuple[str, str]:
         """seqlens_k (rows' lengths - 1, int32) and the total length (int32), from the mask,

@@ -118,6 +118,17 @@ class GraphWriter:
         )
         return outs
 
+    def rename(self, old: str, new: str) -> None:
+        """Give the value ``old`` (a node's output nobody reads yet) the name ``new``: the
+        graph's outputs are named by the model's contract, not by their producers."""
+        for node in self.nodes:
+            for i, name in enumerate(node.output):
+                if name == old:
+                    node.output[i] = new
+                    self._claim(new)
+                    return
+        raise ValueError(f"no node produces {old!r}")
+
     def input(self, name: str, dtype: int, shape: list[int | str]) -> str:
         self._claim(name)
         self.inputs.append(helper.make_tensor_value_info(name, dtype, shape))

