@@ -5,6 +5,7 @@ rows join a running batch without waiting for it to drain."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from pathlib import Path
 
@@ -278,6 +279,70 @@ def test_rows_with_the_same_prompt_share_one_prefill(fused_chat) -> None:
         assert [p.token for p in pieces] == alone.tokens[0], settings
     assert len({tuple(p.token for p in pieces) for _h, pieces in results[:4]}) > 1  # own seeds
     assert engine.stats.shared_prefills == 4
+
+
+def test_a_held_prefill_follows_its_row_when_rows_move(fused_chat) -> None:
+    """A held prefill is found by its row, and rows move when others leave: the batch's
+    index of held prefills must follow them. Driven step by step on the server's own open
+    batch, in an order where a stale index is read: A, B, C join; A ends, so C moves
+    into A's row; E joins in C's old slot and overwrites it; then C's prompt again (it must
+    copy C, now row 0, not E's slot 2), B's again (B never moved), and A's again (A left:
+    nothing of it is held, it is prefilled afresh). Each request must equal itself alone;
+    a stale or off-by-one index copies another prompt's keys and values, whose first token
+    still comes from the right logits, and the answers part after it."""
+    gen = fused_chat
+    engine = Engine(gen, max_batch=6)  # never started: its open batch, driven by hand
+    batch = engine.open_batch()
+    encode = gen.tokenizer.encode
+    prompts = {
+        "A": encode("A leaves soon"),
+        "B": encode("B stays where it is"),
+        "C": encode("C is moved"),
+        "E": encode("E writes over the slot C left"),
+    }
+    assert len(prompts["E"]) >= len(prompts["C"])  # E's prefill covers all C left there
+    lengths = {"A": 3, "B": 25, "C": 25, "E": 25}
+    live: list[tuple[str, list[int], dict]] = []
+    served: list[tuple[str, list[int], dict, list[int]]] = []
+    admitted: list[str] = []
+
+    def admit(name: str) -> None:
+        prompt = prompts[name]
+        settings = {"max_new_tokens": lengths[name], "eos_token_id": None}
+        chain = engine.check_components(prompt, engine.check(prompt, settings))
+        chain = dataclasses.replace(
+            chain, cache=batch.chain.cache, cache_name=batch.chain.cache_name
+        )
+        assert batch.admit(prompt, chain) == len(live) and batch.errors[-1] is None
+        live.append((f"{name} again" if name in admitted else name, prompt, settings))
+        admitted.append(name)
+
+    def leave() -> list[int]:
+        """The engine's release: only when a row ended (an empty release moves nothing)."""
+        gone = [row for row in range(len(live)) if not batch.unfinished[row]]
+        if not gone:
+            return list(range(len(live)))
+        served.extend((*live[row], batch.generated(row)) for row in gone)
+        order = batch.release(gone)
+        live[:] = [live[old] for old in order]
+        return order
+
+    for name in "ABC":
+        admit(name)
+    while live[0][0] == "A":
+        batch.step()
+        order = leave()
+    assert order == [2, 1] and [name for name, *_ in live] == ["C", "B"]  # C moved
+    for name in "ECBA":
+        admit(name)
+    while live:
+        batch.step()
+        leave()
+    names = ["A", "A again", "B", "B again", "C", "C again", "E"]
+    assert sorted(name for name, *_ in served) == names
+    for name, prompt, settings, tokens in served:
+        assert tokens == gen.generate([prompt], **settings).tokens[0], name
+    assert batch.shared_prefills == 2  # C's and B's prompts copied their held rows
 
 
 def test_a_row_asking_past_the_context_ends_there_as_generate_does(tiny_llama_gen) -> None:

@@ -170,7 +170,7 @@ def test_slots_keep_what_they_hold_when_rows_move_and_forget_it_when_they_grow(
     assert cache._held == [(1, 2, 3, 4), (), ()]
 
 
-# -- the default model: bit-identical where onnxruntime's kernels allow ------------------
+# -- the default model: exact on its fp32 graph, within the noise on its int8 one ----
 
 
 def _chunked_prefill_is_exact(folder: Path, prompt: list[int], taken: int) -> bool:
@@ -211,15 +211,40 @@ def _chunked_prefill_is_exact(folder: Path, prompt: list[int], taken: int) -> bo
     )
 
 
-#: Largest logit gap allowed between a served token and the top token of the same prompt
-#: fed alone (teacher-forced on what was served): where onnxruntime's int8-activation
-#: kernels round a batch's rows (or a split prefill) differently from one row alone, a
-#: near-tie may flip. Measured on an AMD EPYC VM (a batch of 4 differs from each prompt
-#: alone in every row): at most 0.24 over 4 x 24 tokens, 5 tokens off the top in all;
-#: the bounds are about twice that. One shared position left stale (zeroed) gives gaps
-#: of 0.51 and 0.78 and 11 tokens off the top; nothing copied, gaps of 3-5 logits.
-NEAR_TIE = 0.5
-OFF_TOP = 8
+#: Largest top-1/top-2 logit margin at which an fp32 graph may pick another token served
+#: than alone: a batch's rows and a split prefill change fp32 logits by ~1e-5, so only a
+#: near-exact tie may flip. None does on these chats (the smallest margin along the four
+#: answers alone is 0.033). A shared position left stale (``copy_row`` one position
+#: short) parts three of the four answers from alone, at steps whose margins are 0.033,
+#: 0.045 and 0.11: 33 times this or more.
+FP32_TIE = 1e-3
+
+#: Largest logit gap allowed on the int8-activation default model between a served token
+#: and the top token of its prompt fed alone (teacher-forced on what was served). Those
+#: kernels round a batch's rows, and a split prefill, apart from one row alone by an
+#: amount that depends on the CPU: up to 0.24 measured on an AMD EPYC (Zen 3), 0.67
+#: reported on Zen 4. The stale position above gives 0.51-0.78, inside that noise, so no
+#: bound here can tell it from correct code on every CPU (the fp32 test does, exactly).
+#: This bound, three times the largest noise seen, only catches a row that started from
+#: keys/values it never took (nothing copied: 5.3-14.6 in the three rows that share).
+GROSS_GAP = 2.0
+
+QUESTIONS = (
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "How does a bicycle stay upright?",
+    "Suggest a name for a small bakery.",
+)
+
+
+def _chats_sharing_a_system_prompt(gen) -> tuple[list[list[int]], int]:
+    """Four one-question chats in the model's template, and how many tokens they all
+    start with (SmolLM2's template puts a default system prompt first)."""
+    prompts = [gen.prompts.encode_row({"messages": [{"role": "user", "content": q}]}, 0)[0]
+               for q in QUESTIONS]  # fmt: skip
+    header = min(common_prefix_length(prompts[0], p) for p in prompts)
+    assert header >= 20
+    return prompts, header
 
 
 def _gaps_from_alone(gen, prompt: list[int], served: list[int]) -> list[float]:
@@ -235,41 +260,64 @@ def _gaps_from_alone(gen, prompt: list[int], served: list[int]) -> list[float]:
     return gaps
 
 
+def _margin_alone(gen, prompt: list[int], tokens: list[int]) -> float:
+    """The top-1/top-2 logit margin of the next token after ``prompt`` and ``tokens``,
+    fed alone (how close to a tie the greedy pick there is)."""
+    state = gen.start([prompt], max_new_tokens=1, eos_token_id=None)
+    logits = state.force()
+    if tokens:
+        logits = state.force(tokens)
+    top = np.sort(logits[0].astype(np.float64))
+    return float(top[-1] - top[-2])
+
+
+@pytest.mark.default_model
+def test_chats_sharing_the_system_prompt_equal_each_alone_at_fp32(reference_gen) -> None:
+    """The default model's weights as an fp32 graph (``reference_gen``), where serving
+    cannot move a logit by more than float rounding: four chats served at once, three
+    taking the system prompt from a slot, each equal to its prompt alone token for token,
+    on any CPU. A served answer may part from the answer alone only at an exact tie
+    (``FP32_TIE``): the step where they part is checked, not skipped."""
+    gen = reference_gen
+    prompts, header = _chats_sharing_a_system_prompt(gen)
+    settings = {"max_new_tokens": 24, "do_sample": False, "eos_token_id": None}
+    with running_engine(gen, max_batch=4) as engine:
+        got = _at_once(engine, [(p, settings) for p in prompts])
+    assert engine.stats.reused_prompt_tokens >= 3 * header
+    for prompt, tokens in zip(prompts, got, strict=True):
+        alone = gen.generate([prompt], **settings).tokens[0]
+        assert len(tokens) == len(alone) == 24
+        if tokens != alone:
+            parted = next(i for i, (a, b) in enumerate(zip(tokens, alone, strict=True)) if a != b)
+            margin = _margin_alone(gen, prompt, alone[:parted])
+            assert margin < FP32_TIE, (parted, margin, gen.tokenizer.decode(tokens))
+
+
 @pytest.mark.default_model
 def test_chats_sharing_the_system_prompt_on_the_default_model(
     default_gen, default_model_dir
 ) -> None:
-    """What holds on every CPU, without a skip: the requests take the chat template's
-    header from a slot (the reuse count), and each answer is the greedy answer of its
-    prompt alone up to near-ties (``NEAR_TIE``). Where this CPU's split prefill is
+    """The model the server runs by default, with what holds on every CPU: the requests
+    take the chat template's header from a slot (the reuse count), each answer is 24
+    tokens, and none strays from its prompt alone by more than ``GROSS_GAP``. Whether
+    the shared keys/values are exactly right is the fp32 test's to tell: on this
+    int8-activation graph, how far a batch's rows round from one row alone depends on
+    the CPU, and overlaps what a stale position gives. Where this CPU's split prefill is
     bit-identical to a whole one (``_chunked_prefill_is_exact``) and a batch's rows to
     each row alone, each answer equals its prompt alone token for token. (Served without
     sharing, the answers need not equal these either: the int8-activation graph
     quantises activations per forward, so which rows share a decode step, which depends
     on when each request joined, may flip a near-tie.)"""
     gen = default_gen
-    questions = [
-        "What is the capital of France?",
-        "Write a haiku about the sea.",
-        "How does a bicycle stay upright?",
-        "Suggest a name for a small bakery.",
-    ]
-    prompts = [gen.prompts.encode_row({"messages": [{"role": "user", "content": q}]}, 0)[0]
-               for q in questions]  # fmt: skip
-    header = min(common_prefix_length(prompts[0], p) for p in prompts)
-    assert header >= 20  # SmolLM2's template: a default system prompt
-    settings = {"max_new_tokens": 24, "min_new_tokens": 24, "do_sample": False}
-    jobs = [(p, settings) for p in prompts]
+    prompts, header = _chats_sharing_a_system_prompt(gen)
+    settings = {"max_new_tokens": 24, "do_sample": False, "eos_token_id": None}
     with running_engine(gen, max_batch=4) as engine:
-        got = _at_once(engine, jobs)
+        got = _at_once(engine, [(p, settings) for p in prompts])
     assert engine.stats.reused_prompt_tokens >= 3 * header
-    off_top = 0
     for prompt, tokens in zip(prompts, got, strict=True):
         assert len(tokens) == 24
         gaps = _gaps_from_alone(gen, prompt, tokens)
-        assert max(gaps) <= NEAR_TIE, (gen.tokenizer.decode(tokens), gaps)
-        off_top += sum(gap > 0 for gap in gaps)
-    assert off_top <= OFF_TOP  # flips at near-ties are rare
+        assert max(gaps) <= GROSS_GAP, (gen.tokenizer.decode(tokens), gaps)
     alone = [gen.generate([prompt], **settings).tokens[0] for prompt in prompts]
     if _chunked_prefill_is_exact(default_model_dir, prompts[0], header) and (
         gen.generate(prompts, **settings).tokens == alone
