@@ -2,15 +2,19 @@
 
 On tiny random-weight models with a character tokenizer (every output is whatever the
 weights make of it, so only the grammar keeps it in shape) and on both graph families:
-outputs match their constraint, forced tokens give the same tokens fed together or one by
-one, batches keep unconstrained rows free of any mask, beams, rewinds and forks keep the
-grammar in step, and every bad input is named before a forward.
+outputs match their constraint (answers cut by the limit are prefixes of it), every mask
+along hot generations is llguidance's whole allowed set, sparse or dense, forced tokens
+give the same tokens fed together or one by one, batches keep unconstrained rows free of
+any mask, beams, rewinds and forks keep the grammar in step, and every bad input is named
+before a forward. The reference is llguidance itself, built apart from the processor
+(``tests/grammar_reference.py``).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 import jsonschema
@@ -18,8 +22,11 @@ import numpy as np
 import pytest
 
 import ortgen
+from ortgen import Candidates
 from ortgen.errors import ComponentError, ConfigError, NoTokenLeft
-from tests.tiny_models import export_tiny
+from ortgen.plugins.grammar import GrammarConstraint
+from tests.grammar_reference import Reference, reference_tokenizer
+from tests.tiny_models import EOS_ID, VOCAB_SIZE, export_tiny
 
 PERSON = {
     "type": "object",
@@ -41,6 +48,16 @@ def gen(request, tiny_root: Path):
         "llama", tiny_root / f"grammar-{request.param}", with_tokenizer=True, graph=request.param
     )
     return ortgen.load(folder, threads=1)
+
+
+@pytest.fixture(scope="module")
+def ll_tokenizer(gen):
+    """llguidance's tokenizer for the tiny vocabulary, built apart from ortgen's."""
+    return reference_tokenizer(gen.tokenizer, VOCAB_SIZE, (EOS_ID,))
+
+
+def _reference(ll_tokenizer, setting: str, value) -> Reference:
+    return Reference(ll_tokenizer, setting, value, VOCAB_SIZE, (EOS_ID,))
 
 
 def _valid(schema: dict, text: str) -> bool:
@@ -73,13 +90,16 @@ def test_a_schema_is_followed_greedy_and_sampled(gen) -> None:
         ),
     ],
 )
-def test_every_kind_of_constraint(gen, setting, check) -> None:
+def test_every_kind_of_constraint(gen, ll_tokenizer, setting, check) -> None:
+    """Whole answers match their constraint; one cut by the limit (a regex like [a-c]+
+    may run on) is a prefix llguidance accepts token by token."""
+    reference = _reference(ll_tokenizer, *next(iter(setting.items())))
     for seed in (4, 5, 6):
         out = gen.generate("Go", max_new_tokens=60, do_sample=True, seed=seed, **setting)
-        if out.finish_reasons == ["eos"]:
+        if reference.check_answer(out.tokens[0], out.finish_reasons[0], 60):
             assert check(out.text), out.text
-        else:  # a regex like [a-c]+ may run on to the limit: still a prefix of one
-            assert out.finish_reasons == ["length"] and "regex" in setting, out.text
+        else:
+            assert "regex" in setting, out.text
 
 
 def test_a_grammar_that_admits_any_text_changes_nothing(gen) -> None:
@@ -114,7 +134,7 @@ def test_forced_tokens_fed_together_equal_one_by_one(gen) -> None:
     assert one_by_one.tokens[0] == greedy.tokens[0]
 
 
-def test_rows_with_different_constraints_and_none(gen) -> None:
+def test_rows_with_different_constraints_and_none(gen, ll_tokenizer) -> None:
     rows = [
         {"prompt": "a", "regex": r"x+y"},
         {"prompt": "b"},
@@ -126,7 +146,9 @@ def test_rows_with_different_constraints_and_none(gen) -> None:
     for row in range(len(rows)):
         alone = gen.generate([rows[row]], **settings)
         assert out.tokens[row] == alone.tokens[0], row
-    assert re.fullmatch(r"x+y", out.text[0]) or out.finish_reasons[0] == "length"
+    regex = _reference(ll_tokenizer, "regex", r"x+y")
+    if regex.check_answer(out.tokens[0], out.finish_reasons[0], 40):
+        assert re.fullmatch(r"x+y", out.text[0]), out.text[0]
     assert out.text[2] in ("one", "two")
     assert _valid(PERSON, out.text[3])
     assert out.parsed[:3] == [None, None, None] and out.parsed[3] == json.loads(out.text[3])
@@ -155,10 +177,15 @@ def test_rewind_and_fork_keep_the_grammar_in_step(gen) -> None:
     assert _valid(PERSON, state.text(0))
 
 
-def test_output_cut_by_the_limit_says_why(gen) -> None:
-    out = gen.generate("Hi", json_schema=PERSON, max_new_tokens=5)
-    assert out.finish_reasons == ["length"]
-    assert out.parsed is None and "max_new_tokens" in out.parse_errors
+def test_output_cut_by_the_limit_says_why(gen, ll_tokenizer) -> None:
+    """An answer cut by the limit is not parsed, and says why; its text is still a
+    prefix of the schema (llguidance takes every token of it)."""
+    reference = _reference(ll_tokenizer, "json_schema", PERSON)
+    for settings in ({}, {"do_sample": True, "temperature": 3.0, "seed": 7}):
+        out = gen.generate("Hi", json_schema=PERSON, max_new_tokens=12, **settings)
+        assert not reference.check_answer(out.tokens[0], out.finish_reasons[0], 12)
+        assert out.text.startswith('{"name":"'), out.text  # past the forced opening
+        assert out.parsed is None and "max_new_tokens" in out.parse_errors
 
 
 def test_bad_constraints_are_named_before_any_forward(gen, monkeypatch) -> None:
@@ -241,6 +268,137 @@ def test_the_mask_keeps_only_allowed_tokens_dense_and_sparse(gen) -> None:
         got = processor(np.zeros((1, 1), np.int64), scores) if sparse is None else sparse.dense()
         np.testing.assert_array_equal(got, expected)
         assert (sparse is None) == ("regex" in setting)
+
+
+class MaskCheck:
+    """Every mask the loop asks the ``grammar`` processor for, held to llguidance's own.
+
+    Wraps ``GrammarConstraint.sparse`` and ``__call__`` on the class, so the processors
+    the loop builds are the ones checked, on the loop's own path (masks computed beside
+    the forward, batches, finished rows). At each call the tokens every row generated so
+    far are read from ``input_ids`` (after the prompts' padded width), a fresh reference
+    matcher walks them, and the tokens the processor leaves finite must be exactly those
+    llguidance allows next, the whole set, with their scores untouched. Differences are
+    kept rather than raised, so a loop that goes on to fail still shows them.
+    """
+
+    def __init__(self, monkeypatch, reference: Reference, prompts: list[list[int]]) -> None:
+        self.reference, self.prompts = reference, prompts
+        self.width = max(len(p) for p in prompts)  # the loop pads prompts on the left
+        self.differences: list[str] = []
+        self.paths: Counter[str] = Counter()
+        sparse, dense = GrammarConstraint.sparse, GrammarConstraint.__call__
+
+        def checked_sparse(processor, input_ids, scores):
+            out = sparse(processor, input_ids, scores)
+            if out is not None:
+                self._check("sparse", input_ids, scores, out.dense())
+            return out
+
+        def checked_dense(processor, input_ids, scores):
+            out = dense(processor, input_ids, scores)
+            self._check("dense", input_ids, scores, out)
+            return out
+
+        monkeypatch.setattr(GrammarConstraint, "sparse", checked_sparse)
+        monkeypatch.setattr(GrammarConstraint, "__call__", checked_dense)
+
+    def _check(self, path: str, input_ids: np.ndarray, scores, out: np.ndarray) -> None:
+        given = scores.dense() if isinstance(scores, Candidates) else np.asarray(scores)
+        for row, prompt in enumerate(self.prompts):
+            if input_ids[row, self.width - len(prompt) : self.width].tolist() != prompt:
+                self.differences.append(f"row {row}: not the prompt {prompt}: {input_ids[row]}")
+                continue
+            made = input_ids[row, self.width :].tolist()
+            if EOS_ID in made:  # a finished row: the end of sequence, then padding
+                made = made[: made.index(EOS_ID) + 1]
+            matcher, done = self.reference.walk(made)
+            if done < len(made):
+                self.differences.append(f"row {row}: {made} leaves the grammar at {done}")
+                continue
+            expected = self.reference.allowed(matcher) & (given[row] != -np.inf)
+            kept = out[row] != -np.inf
+            if not np.array_equal(kept, expected):
+                self.differences.append(
+                    f"{path} mask after {made}: allows {np.flatnonzero(kept & ~expected)} "
+                    f"that llguidance refuses, drops {np.flatnonzero(expected & ~kept)} "
+                    "that it allows"
+                )
+            elif not np.array_equal(out[row, kept], given[row, kept]):
+                self.differences.append(f"{path} mask after {made}: allowed scores changed")
+            self.paths[path] += 1
+
+
+#: constraints whose every mask is checked: free text inside a JSON string and a run of
+#: printable characters or words take the dense path (most of the 256 tokens allowed);
+#: keys, numbers, choices and punctuation the sparse one (at most 1/16 allowed)
+NOTE = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2},
+        "note": {"type": "string"},
+    },
+    "required": ["name", "age", "tags", "note"],
+    "additionalProperties": False,
+}
+MASKED = {
+    "schema": ("json_schema", NOTE, {"sparse", "dense"}),
+    "regex": ("regex", r"[0-9]{2}:[ -~]{1,30};", {"sparse", "dense"}),
+    "choice": ("choice", ["red", "green", "blue sky"], {"sparse"}),
+    "lark": (
+        "grammar",
+        'start: "(" NUM ("," NUM)* ") " WORDS "."\nNUM: /[0-9]{1,2}/\nWORDS: /[a-z ]{1,20}/',
+        {"sparse", "dense"},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MASKED))
+def test_every_mask_along_hot_generations_is_llguidances(
+    gen, ll_tokenizer, monkeypatch, case
+) -> None:
+    """Hot sampling (temperature 4: nearly every allowed token is likely) wanders through
+    many states of the grammar; at each one the processor's mask, sparse or dense, is
+    llguidance's whole allowed set (``MaskCheck``), with and without forced tokens, and
+    every answer stays inside the grammar. The first mask alone, or a sample of its
+    tokens, misses a dense mask that also allows the end of sequence and a sparse one
+    that drops a token."""
+    setting, value, paths = MASKED[case]
+    prompts = ["Hi", "Tell me"]
+    encoded = [gen.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    check = MaskCheck(monkeypatch, _reference(ll_tokenizer, setting, value), encoded)
+    for seed in (1, 2, 3, 4):
+        try:
+            out = gen.generate(prompts, **{setting: value}, do_sample=True, temperature=4.0,
+                               seed=seed, max_new_tokens=64, fast_forward=seed > 2)  # fmt: skip
+        finally:
+            assert not check.differences, check.differences[:3]
+        for tokens, reason in zip(out.tokens, out.finish_reasons, strict=True):
+            check.reference.check_answer(tokens, reason, 64)
+    print(case, "masks checked:", dict(check.paths))
+    assert set(check.paths) == paths and min(check.paths.values()) >= 10, check.paths
+
+
+def test_hot_sampling_inside_a_free_text_string(gen, ll_tokenizer) -> None:
+    """Regression (issue 36): sampling at temperature 50 (near uniform) inside a JSON
+    string, where the dense mask allows ~250 of the 256 tokens. A dense mask that also
+    let the end of sequence through passed every other test of its time; here some row
+    draws it inside the string within a few hundred tokens, and the request failed with
+    ``grammar failed in advance()``. Whole answers validate, cut ones are prefixes."""
+    schema = {"type": "object", "properties": {"text": {"type": "string"}},
+              "required": ["text"], "additionalProperties": False}  # fmt: skip
+    reference = _reference(ll_tokenizer, "json_schema", schema)
+    reasons: Counter[str] = Counter()
+    for seed in range(10):
+        out = gen.generate(["Hi", "Say", "Once", "Tell"], json_schema=schema, do_sample=True,
+                           temperature=50.0, seed=seed, max_new_tokens=60)  # fmt: skip
+        for tokens, text, reason in zip(out.tokens, out.text, out.finish_reasons, strict=True):
+            reasons[reason] += 1
+            if reference.check_answer(tokens, reason, 60):
+                assert _valid(schema, text), text
+    assert reasons["length"] >= 20, reasons  # most rows stayed inside the string
 
 
 def test_the_latest_layer_that_sets_a_constraint_decides(gen) -> None:
