@@ -5,6 +5,9 @@ numpy stand-in model and scenarios run through the real loop.
     from ortgen.testing import check_kv_cache, check_logits_processor, make_context
     out = check_logits_processor(MyProcessor(alpha=0.5, ctx=make_context(vocab_size=64)))
     report = check_kv_cache(MyCache, layout="concat")  # each scenario against 'dynamic'
+
+And for a quantised model, its output judged against a float32 graph of the same weights
+(``agreement``, ``reference_greedy``, ``NEAR_TIE``): what holds on every CPU.
 """
 
 from .components import (
@@ -17,14 +20,20 @@ from .components import (
 )
 from .fake_model import FakeModel
 from .kv_cache import check_kv_cache
+from .reference import NEAR_TIE, Agreement, agreement, near_tie_paths, reference_greedy
 
 __all__ = [
+    "NEAR_TIE",
+    "Agreement",
     "FakeModel",
+    "agreement",
     "check_kv_cache",
     "check_logits_processor",
     "check_sampler",
     "check_sparse",
     "check_stopping_criterion",
     "make_context",
+    "near_tie_paths",
+    "reference_greedy",
     "sample_inputs",
 ]
