@@ -186,6 +186,19 @@ def test_export_bad_source_is_a_clean_error(tmp_path: Path, args, message) -> No
     assert not (tmp_path / "out").exists()
 
 
+def test_export_has_no_gguf_precision(tmp_path: Path) -> None:
+    """The export extra's former GGUF rewrite (``--precision gguf``) is gone: argparse
+    refuses it (``exact``, ortgen's GGUF builder, keeps a GGUF file's own weights)."""
+    from ortgen.cli.export import BUILDER_PRECISIONS
+    from ortgen.export.variant import PRECISIONS
+
+    assert "gguf" not in (*BUILDER_PRECISIONS, *PRECISIONS)
+    result = run("export", str(tmp_path / "m.gguf"), str(tmp_path / "out"), "--precision", "gguf")
+    assert result.returncode == 2
+    assert "--precision: invalid choice" in result.stderr and "'gguf'" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
 # --------------------------------------------------------------------------- bad input
 
 

@@ -10,7 +10,6 @@ import pytest
 
 import ortgen
 from ortgen import ExportError
-from ortgen.gguf import default_model
 from ortgen.gguf.default_model import (
     DEFAULT_GGUF_SHA256,
     DEFAULT_OPTIONS,

@@ -219,6 +219,23 @@ def test_non_gguf_file_is_an_export_error(tmp_path: Path) -> None:
         export_model(fake, tmp_path / "out", variant=OPTIMUM_FP32, progress=_quiet_progress)
 
 
+def test_the_removed_gguf_precision_points_to_the_gguf_builder(tmp_path: Path) -> None:
+    """Precision "gguf" (the export extra's rewrite with a GGUF's own blocks) is gone:
+    asking for it says where a GGUF file's own weights are kept now, and a manifest that
+    recorded it names no variant rather than failing."""
+    from ortgen.export.variant import variant_name
+
+    source = tmp_path / "model.gguf"
+    source.write_bytes(b"GGUF")
+    with pytest.raises(ExportError, match="precision 'gguf'") as info:
+        export_model(source, tmp_path / "out", variant=Variant(precision="gguf"))
+    assert "ortgen export FILE.gguf OUT" in str(info.value)
+    assert "ortgen.load('FILE.gguf')" in str(info.value)
+    assert not (tmp_path / "out").exists()
+    old = {"graph": "fused", "precision": "gguf", "block_size": 32, "accuracy_level": 4}
+    assert variant_name(old) is None
+
+
 def test_unsupported_architecture_is_an_export_error(tmp_path: Path) -> None:
     src = tmp_path / "bert"
     src.mkdir()

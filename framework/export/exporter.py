@@ -67,10 +67,13 @@ def export_model(
     """Export ``source`` (an HF model folder or a ``.gguf`` file) to the ONNX folder ``out``.
 
     The model is exported as ``variant`` (default: the fused int4 graph), one graph
-    with past-key-value inputs and outputs. ``out`` is
-    only ever replaced as a whole, at the end, so a failure leaves it as it was. An
-    existing finished export is replaced only with ``overwrite=True``; an existing
-    non-empty folder that is not an export is never touched without ``overwrite=True``.
+    with past-key-value inputs and outputs. A ``.gguf`` source goes through a dequantised
+    transformers folder, so its weights are the variant's (fp32, or re-quantised to
+    int8/int4); ortgen's GGUF builder (``ortgen export FILE.gguf OUT``,
+    ``ortgen.load("FILE.gguf")``) keeps the file's own. ``out`` is only ever replaced as
+    a whole, at the end, so a failure leaves it as it was. An existing finished export is
+    replaced only with ``overwrite=True``; an existing non-empty folder that is not an
+    export is never touched without ``overwrite=True``.
     Returns ``out``.
 
     Raises ExportError naming the source and what is wrong; failures inside
@@ -102,9 +105,7 @@ def export_model(
         if variant.graph == "fused":
             from .fused import build_fused
 
-            build_fused(
-                hf_dir, built, variant, source=source, gguf=source if kind == "gguf" else None
-            )
+            build_fused(hf_dir, built, variant, source=source)
             _copy_model_files(hf_dir, built)
         else:
             _run_optimum_export(hf_dir, built, source)
@@ -139,11 +140,6 @@ def _classify_source(source: Path, variant: Variant) -> str:
         if not looks_like_gguf(source):
             raise ExportError(f"export source {source} does not start with the GGUF magic bytes")
         return "gguf"
-    if variant.precision == "gguf":
-        raise ExportError(
-            f"export source {source} is a folder; precision 'gguf' keeps a GGUF file's own "
-            "weights, so it needs a .gguf source"
-        )
     _check_hf_folder(source, source, variant)
     return "folder"
 

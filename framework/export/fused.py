@@ -3,9 +3,9 @@
 The builder writes one graph with GroupQueryAttention (rotary inside, lengths from the
 attention mask, past and present sharable as one buffer), fused RMSNorms, MatMulNBits
 weights and, at int4, an embedding that shares the LM head's 4-bit weights
-(GatherBlockQuantized). ortgen then prunes the LM head to the last position (prefill
-computes 1 row of logits instead of T) and, for precision ``gguf``, swaps in the GGUF's
-own quantised weights.
+(GatherBlockQuantized). ortgen then lays out the embedding lookup and LM head for a
+smaller load (``head_layout``) and prunes the LM head to the last position (prefill
+computes 1 row of logits instead of T).
 
 Version trap (measured, see pyproject.toml): the 0.18 builder imports transformers 5.x
 classes, while optimum-onnx needs transformers < 4.58; the 0.11.4 builder works with the
@@ -28,32 +28,20 @@ from .variant import Variant
 
 __all__ = ["build_fused", "prune_lm_head"]
 
-_BUILDER_PRECISION = {"fp32": "fp32", "int8": "fp32", "int4": "int4", "gguf": "int4"}
+_BUILDER_PRECISION = {"fp32": "fp32", "int8": "fp32", "int4": "int4"}
 
 
-def build_fused(
-    hf_dir: Path, dest: Path, variant: Variant, *, source: Path, gguf: Path | None = None
-) -> None:
+def build_fused(hf_dir: Path, dest: Path, variant: Variant, *, source: Path) -> None:
     """Build ``variant``'s fused graph from the transformers folder ``hf_dir`` into ``dest``.
 
     Writes model.onnx, model.onnx.data and genai_config.json (which tells loaders that
-    past and present share a buffer). ``gguf`` is the original file for precision
-    ``gguf``. Raises ExportError naming ``source`` on failure.
+    past and present share a buffer). Raises ExportError naming ``source`` on failure.
     """
     _run_builder(hf_dir, dest, variant, source)
     if variant.precision == "int8":
         from .quantize import quantize_matmuls
 
         quantize_matmuls(dest / "model.onnx", variant, source=source)
-    if variant.precision == "gguf":
-        if gguf is None:
-            raise ExportError(
-                f"export source {source}: precision 'gguf' keeps a GGUF file's own weights, "
-                "so the source must be a .gguf file"
-            )
-        from .gguf_exact import rewrite_with_gguf_weights
-
-        rewrite_with_gguf_weights(dest, gguf, accuracy_level=variant.accuracy_level)
     from .head_layout import lay_out_head
 
     lay_out_head(dest)
@@ -65,7 +53,7 @@ def _run_builder(hf_dir: Path, dest: Path, variant: Variant, source: Path) -> No
     tokenizer itself, and the builder fails on folders that have none)."""
     options = {"int4_accuracy_level": str(variant.accuracy_level)}
     if _BUILDER_PRECISION[variant.precision] == "int4":
-        block = variant.block_size if variant.precision == "int4" else 32
+        block = variant.block_size
         options |= {
             "int4_block_size": str(block),
             # asymmetric (uint4 + zero points): the 0.11.4 builder's symmetric int4 with
@@ -146,7 +134,7 @@ def prune_lm_head(graph: Path) -> None:
     model = onnx.load(str(graph), load_external_data=False)
     producers = {out: node for node in model.graph.node for out in node.output}
     head = producers.get("logits")
-    # the LM head, or its parts along the vocabulary joined by a Concat (gguf_graph_editor)
+    # the LM head, or its parts along the vocabulary joined by a Concat (head_layout)
     if head is not None and head.op_type == "Concat":
         heads = [producers.get(part) for part in head.input]
     else:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .gguf_graph_editor import GraphEditor
+from .graph_editor import GraphEditor
 from .onnx_files import save_in_place
 
 __all__ = ["PART_BYTES", "lay_out_head"]

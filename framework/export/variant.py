@@ -12,7 +12,7 @@ from typing import Any
 from ..errors import ExportError
 
 GRAPHS = ("fused", "optimum")
-PRECISIONS = ("fp32", "int8", "int4", "gguf")
+PRECISIONS = ("fp32", "int8", "int4")
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 
 
@@ -26,8 +26,8 @@ class Variant:
             the last position) or ``optimum`` (optimum's export: one node per PyTorch op,
             Concat-based KV cache).
         precision: ``fp32``; ``int8``/``int4`` weight-only quantisation to MatMulNBits
-            (LM head included); ``gguf``: keep a GGUF source's own 4/8-bit weights
-            exactly (fused graphs, Q4_1/Q8_0 GGUF sources only).
+            (LM head included). A GGUF file's own weights are kept by ortgen's GGUF
+            builder (``ortgen.gguf``), not by an export variant.
         block_size: weights per quantisation block (int8/int4).
         accuracy_level: MatMulNBits' activation precision: 4 = int8 activations (fastest
             on CPUs with int8 dot products), 0 = as the input (fp32).
@@ -42,15 +42,19 @@ class Variant:
         problems = []
         if self.graph not in GRAPHS:
             problems.append(f"graph {self.graph!r} is not one of {', '.join(GRAPHS)}")
-        if self.precision not in PRECISIONS:
+        if self.precision == "gguf":  # removed: ortgen.gguf builds that model now
+            problems.append(
+                "precision 'gguf' is no longer an export variant: to keep a GGUF file's own "
+                "weights, build it with ortgen's GGUF builder, `ortgen export FILE.gguf OUT` "
+                "or `ortgen.load('FILE.gguf')` (no export extra needed)"
+            )
+        elif self.precision not in PRECISIONS:
             problems.append(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
         if self.block_size not in BLOCK_SIZES:
             sizes = ", ".join(map(str, BLOCK_SIZES))
             problems.append(f"block size {self.block_size} is not one of {sizes}")
         if self.accuracy_level not in (0, 1, 2, 3, 4):
             problems.append(f"accuracy level {self.accuracy_level} is not in 0..4")
-        if self.precision == "gguf" and self.graph != "fused":
-            problems.append("precision 'gguf' (the GGUF's own weights) needs graph 'fused'")
         if problems:
             raise ExportError("bad export variant: " + "; ".join(problems))
 
@@ -89,9 +93,3 @@ def variant_name(recorded: Any) -> str | None:
 
 #: What ``ortgen export`` builds without flags: any source, the fastest graph.
 DEFAULT_VARIANT = Variant()
-
-#: The default model's variant, chosen by rule: the fastest variant whose perplexity on
-#: the evaluation text stays within 5% of fp32 (docs/benchmarks.md). Re-quantising the
-#: GGUF's 4-bit weights to int4 costs SmolLM2-135M +61% perplexity; keeping them exact
-#: costs +1%.
-DEFAULT_MODEL_VARIANT = Variant(precision="gguf")

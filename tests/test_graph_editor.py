@@ -1,4 +1,4 @@
-"""Graph edits of the exact GGUF rewrite that change memory, not numbers: splitting a large
+"""The graph edits behind ``head_layout`` change memory, not numbers: splitting a large
 MatMulNBits along N (so that packing it at load holds less of it twice) must give exactly the
 node's own output."""
 
@@ -10,27 +10,26 @@ import onnxruntime as ort
 import pytest
 
 from ortgen.errors import ExportError
-from ortgen.export.gguf_blocks import BLOCK, Blocks, pack
-from ortgen.export.gguf_graph_editor import GraphEditor
+from ortgen.export.graph_editor import GraphEditor
 
-N, K = 200, 64
+N, K, BLOCK = 200, 64, 32
 
 
 def one_matmul(bits: int) -> tuple[object, object]:
-    """A graph with one MatMulNBits (as the rewrite builds it) and that node."""
+    """A graph with one MatMulNBits (an LM head: N rows of packed ``bits``-bit codes in
+    blocks of 32, one scale a block, 4-bit with packed zero points) and that node."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(bits)
     d = rng.uniform(0.01, 0.1, (N, K // BLOCK)).astype(np.float32)
+    codes = rng.integers(0, 256, (N, K // BLOCK, BLOCK * bits // 8), dtype=np.uint8)
     if bits == 8:
-        blocks = Blocks("Q8_0", rng.integers(-128, 128, (N, K)).astype(np.int8), d, None)
         extra, names = [], ["A", "B", "scales"]
     else:
-        blocks = Blocks("Q4_1", rng.integers(0, 16, (N, K), dtype=np.uint8), d, None)
         zp = rng.integers(0, 256, (N, (K // BLOCK + 1) // 2), dtype=np.uint8)
         extra, names = [numpy_helper.from_array(zp.reshape(-1), "zp")], ["A", "B", "scales", "zp"]
     inits = [
-        numpy_helper.from_array(pack(blocks), "B"),
+        numpy_helper.from_array(codes, "B"),
         numpy_helper.from_array(d.reshape(-1), "scales"),
         *extra,
     ]
@@ -101,4 +100,17 @@ def test_split_rows_refuses_a_node_with_a_g_idx() -> None:
     model, node = one_matmul(8)
     node.input.extend(["", "g_idx"])
     with pytest.raises(ExportError, match="g_idx"):
+        editor(model).split_rows(node, max_bytes=K)
+
+
+def test_split_rows_refuses_a_weight_another_node_reads() -> None:
+    """The head's initializers are dropped for its parts' own: only when nothing else reads
+    them (a lookup given its own copies by ``own_lookup_inputs`` no longer does)."""
+    from onnx import helper
+
+    model, node = one_matmul(8)
+    ids = helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, [None])
+    model.graph.input.append(ids)
+    model.graph.node.append(helper.make_node("Gather", ["B", "ids"], ["rows"], "/lookup"))
+    with pytest.raises(ExportError, match="also read by /lookup"):
         editor(model).split_rows(node, max_bytes=K)
