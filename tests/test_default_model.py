@@ -5,17 +5,43 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ortgen.testing import agreement, reference_greedy
+from tests.text_fixtures import stop_inside
+
 pytestmark = pytest.mark.default_model
+
+#: float32 graphs of one model differ between CPUs by summation order (~1e-5 of a logit):
+#: a greedy choice made by more than this is the same on every CPU
+FP32_TIE = 1e-3
 
 QUESTION = [{"role": "user", "content": "What is the capital of Germany?"}]
 
 
-def test_chat_answer_is_right(default_gen):
-    out = default_gen.chat(QUESTION, max_new_tokens=48)
+def test_chat_answer_is_right(reference_gen):
+    """What the model answers is judged on its float32 graph, whose arithmetic differs
+    between CPUs by float rounding alone: every greedy choice along the answer is made by
+    more than ``FP32_TIE``, so the answer is this one on any CPU."""
+    out = reference_gen.chat(QUESTION, max_new_tokens=48)
     assert "Berlin" in out.text
     assert out.finish_reasons == ["eos"]  # the instruction-tuned model ends its turn itself
     assert out.tokens[0][-1] == 2  # <|im_end|>, included in tokens as Hugging Face does
     assert "<|im_end|>" not in out.text
+    ref = reference_greedy(reference_gen, reference_gen.chat_prompt(QUESTION), len(out.tokens[0]))
+    assert list(ref.tokens) == out.tokens[0] and min(ref.margins) > FP32_TIE, ref.margins
+
+
+def test_the_default_models_chat_follows_its_float32_graph(default_gen, reference_gen):
+    """The int8-activation default model on the same question: its greedy tokens may part
+    from the float32 graph's at a near-tie (its first token is one: margin 0.66 at
+    float32, and which way it goes depends on the CPU), but each token it picks, teacher-
+    forced through the float32 graph, is that graph's pick or within ``NEAR_TIE`` of it; a
+    broken graph or loop picks tokens several logits below."""
+    out = default_gen.chat(QUESTION, max_new_tokens=48)
+    assert "<|im_end|>" not in out.text
+    assert out.text == default_gen.tokenizer.decode(out.tokens[0], skip_special_tokens=True)
+    assert (out.finish_reasons == ["eos"]) == (out.tokens[0][-1] == 2)
+    check = agreement(reference_gen, default_gen.chat_prompt(QUESTION), out.tokens[0])
+    assert check.differs_only_at_near_ties(), check.explain()
 
 
 def test_fp32_fused_greedy_equals_transformers_on_the_same_weights(reference_gen, default_hf):
@@ -83,31 +109,37 @@ def test_text_batch_rows_equal_single_prompts(reference_gen):
     assert isinstance(batch.text, list) and len(batch.text) == 2
 
 
-def test_default_model_batch_gives_each_prompt_a_sensible_answer(default_gen):
+def test_default_model_batch_gives_each_prompt_a_sensible_answer(default_gen, reference_gen):
+    """A batch of two chats: the float32 graph answers both right; the int8 default model
+    follows it up to near-ties in each row (see the test above)."""
     prompts = [
-        [{"role": "user", "content": "What is the capital of Germany?"}],
-        [{"role": "user", "content": "What is 2 + 2? Answer with the number."}],
+        default_gen.chat_prompt([{"role": "user", "content": "What is the capital of Germany?"}]),
+        default_gen.chat_prompt(
+            [{"role": "user", "content": "What is 2 + 2? Answer with the number."}]
+        ),
     ]
-    out = default_gen.generate([default_gen.chat_prompt(m) for m in prompts], max_new_tokens=32)
-    assert "Berlin" in out.text[0]
-    assert "4" in out.text[1]
+    right = reference_gen.generate(prompts, max_new_tokens=32)
+    assert "Berlin" in right.text[0] and "4" in right.text[1]
+    out = default_gen.generate(prompts, max_new_tokens=32)
+    for prompt, tokens in zip(prompts, out.tokens, strict=True):
+        check = agreement(reference_gen, prompt, tokens)
+        assert check.differs_only_at_near_ties(), check.explain()
 
 
 def test_stop_strings_trim_text_and_stop_early(default_gen):
     prompt = "1, 2, 3, 4, 5, 6,"
     free = default_gen.generate(prompt, max_new_tokens=20)
-    assert " 9" in free.text
-    out = default_gen.generate(prompt, max_new_tokens=20, stop_strings=[" 9"])
+    stop = stop_inside(free.text)
+    out = default_gen.generate(prompt, max_new_tokens=20, stop_strings=[stop])
     assert out.finish_reasons == ["stop_string"]
-    assert out.text == free.text[: free.text.index(" 9")]
+    assert out.text == free.text[: free.text.index(stop)]
     assert len(out.tokens[0]) < len(free.tokens[0])
 
 
 def test_stop_strings_per_row_and_in_stream(default_gen):
     prompts = ["1, 2, 3, 4, 5, 6,", "The capital of France is"]
     free = default_gen.generate(prompts, max_new_tokens=16)
-    stop = " 9"
-    assert stop in free.text[0] and stop not in free.text[1]
+    stop = stop_inside(free.text[0], avoid=free.text[1])
     out = default_gen.generate(prompts, max_new_tokens=16, stop_strings=[stop])
     assert (
         out.finish_reasons[0] == "stop_string" and out.finish_reasons[1] == free.finish_reasons[1]
@@ -166,7 +198,8 @@ def test_cli_chat_and_generate(default_model_dir, capsys, monkeypatch, default_g
 
     model = ["--model", str(default_model_dir)]
     assert main(["chat", "What is the capital of Germany?", "--max-new-tokens", "32", *model]) == 0
-    assert "Berlin" in capsys.readouterr().out
+    want = default_gen.chat(QUESTION, max_new_tokens=32).text  # the same request, alone
+    assert capsys.readouterr().out.strip() == want.strip()
 
     lines = iter(["My name is Ana.", "What is my name?", ""])
     monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))

@@ -19,8 +19,10 @@ Measured while writing this (onnxruntime 1.32, 1 thread; 8 bits unless said):
   On the same weights at fp32 (the quality reference): 8 bits 0.99, 4 bits 0.88, float16
   1.0. So >= 0.95 holds for the cache itself, not on the int4 graph, whose noise floor
   is lower than that.
-- greedy, 32 tokens after the first 40 of STORY: 8 bits leave static's path at token 3
-  (a near-tie; so does group=1 on the int4 graph), 4 bits at token 11.
+- greedy, 32 tokens after the first 40 of STORY: at fp32, 8 and 4 bits leave static's path
+  at token 3, a near-tie (fp32 margin 0.019); on the int4 graph the paths part at near-ties
+  that depend on the CPU (issue 36: 8 bits followed static for 15 tokens on one CPU, 3 on
+  another). So greedy paths are judged token by token against the fp32 graph.
 """
 
 from __future__ import annotations
@@ -33,11 +35,13 @@ import pytest
 import ortgen
 from ortgen.model import GraphSignature
 from ortgen.plugins.kv_quantized import QuantizedCache
-from ortgen.testing import make_context
+from ortgen.testing import NEAR_TIE, agreement, make_context, reference_greedy
 
 PROMPTS = [[1, 5, 9, 33, 70, 12], [1, 44, 3], [1, 100, 101, 102, 103, 104, 105, 106, 107]]
 NEW = 12
 Q4 = {"name": "quantized", "bits": 4}
+#: float32 graphs differ between CPUs by summation order (~1e-5 of a logit)
+FP32_TIE = 1e-3
 NEAR_LOSSLESS = {"name": "quantized", "group": 1}
 STORY = (
     "The bridge keeper checked the tide tables twice before dawn, because the river had a "
@@ -332,44 +336,41 @@ def test_the_cache_is_registered_and_describes_its_graph(gen) -> None:
 # ----------------------------------------------------------------------- default model
 
 
-@pytest.mark.default_model
-def test_default_model_greedy_and_bytes(default_gen) -> None:
-    """A ~40-token prompt, 32 greedy tokens: dynamic and static agree token for token; the
-    quantized caches' greedy tokens follow static's for their first tokens and, teacher-
-    forced through static, every one of them is static's top token or a near-tie (a
-    greedy continuation is chaotic: once it parts at a near-tie it goes its own way, but
-    each token stays one the exact cache would nearly pick). The 8-bit cache holds <= 30%
-    and the 4-bit one <= 20% of the float32 cache's bytes.
+#: Largest gap allowed, teacher-forced through the float32 graph's static cache, of a
+#: token the float32 graph picks with a quantized past: the past's rounding moves logits by
+#: ~0.02 (measured: both bit widths left static's path at a 0.019 near-tie, at gap 0.021);
+#: a stale or misplaced position moves them by whole logits.
+KV_GAP = {"quantized": 0.5, str(Q4): 1.0}
 
-    Measured (AMD EPYC VM): 8 bits follow static for 15 tokens, largest gap 0.30, 4 tokens
-    off static's top; 4 bits 11 tokens, 0.48, 3. The bounds below are about half the
-    first figure and twice the others. A past quantized to 3 bits instead of 8 fails them.
-    """
+
+@pytest.mark.default_model
+def test_default_model_greedy_and_bytes(default_gen, reference_gen) -> None:
+    """A ~40-token prompt, 32 greedy tokens. On the float32 graph (bit-stable across CPUs
+    but for float rounding): dynamic and static give the float32 reference's own greedy
+    tokens, every choice made by more than ``FP32_TIE``; each quantized cache's tokens are
+    the reference's picks or within ``KV_GAP`` of them. On the int8 default model, every
+    cache's tokens follow the float32 graph up to its near-ties (``NEAR_TIE``). The 8-bit
+    cache holds <= 30% and the 4-bit one <= 20% of the float32 cache's bytes."""
     prompt = default_gen.tokenizer.encode(STORY)[:40]
+    reference = reference_greedy(reference_gen, prompt, 32)
+    assert min(reference.margins) > FP32_TIE, reference.margins
     out = {}
-    for cache in ("dynamic", "static", "quantized", Q4):
-        state = default_gen.start(prompt, max_new_tokens=32, eos_token_id=None, cache=cache)
-        while not state.is_done:
-            state.step()
-        out[str(cache)] = (state.generated(0), state.chain.cache.nbytes)
-    static = out["static"][0]
-    assert out["dynamic"][0] == static and len(static) == 32
-    forced = _forced_logits(default_gen, prompt + static, "static", start=40)
-    assert forced[:-1].argmax(axis=1).tolist() == static  # the reference is static's greedy
-    for name, follows in (("quantized", 8), (str(Q4), 5)):
-        tokens = out[name][0]
-        same = next(
-            (i for i, (a, b) in enumerate(zip(tokens, static, strict=True)) if a != b), len(static)
-        )
-        logits = _forced_logits(default_gen, prompt + tokens, "static", start=40)[:-1]
-        gaps = logits.max(axis=1) - logits[np.arange(len(tokens)), tokens]
-        assert same >= follows, (name, same)
-        assert gaps.max() <= 1.0, (name, gaps.round(3).tolist())
-        assert (gaps > 0).sum() <= 8, (name, gaps.round(3).tolist())
-    dynamic = out["dynamic"][1]
+    for name, gen in (("fp32", reference_gen), ("int8", default_gen)):
+        for cache in ("dynamic", "static", "quantized", Q4):
+            state = gen.start(prompt, max_new_tokens=32, eos_token_id=None, cache=cache)
+            while not state.is_done:
+                state.step()
+            out[name, str(cache)] = (state.generated(0), state.chain.cache.nbytes)
+    for cache in ("dynamic", "static"):
+        assert out["fp32", cache][0] == list(reference.tokens), cache
+    for (name, cache), (tokens, _) in out.items():
+        check = agreement(reference_gen, prompt, tokens)
+        bound = KV_GAP.get(cache, 0.0) if name == "fp32" else NEAR_TIE
+        assert check.largest_gap <= bound, (name, cache, check.explain())
+    dynamic = out["int8", "dynamic"][1]
     assert dynamic == 2 * 30 * 3 * (40 + 31) * 64 * 4  # float32, the positions fed
-    assert out["quantized"][1] <= 0.30 * dynamic
-    assert out[str(Q4)][1] <= 0.20 * dynamic
+    assert out["int8", "quantized"][1] <= 0.30 * dynamic
+    assert out["int8", str(Q4)][1] <= 0.20 * dynamic
 
 
 def _fp16_past_logits(gen, tokens: list[int], start: int = 8) -> np.ndarray:
@@ -392,8 +393,9 @@ def _fp16_past_logits(gen, tokens: list[int], start: int = 8) -> np.ndarray:
 def test_default_model_teacher_forced_agreement(default_gen, reference_gen) -> None:
     """~200 positions of STORY. On the same weights at fp32, 8 bits agree with static at
     >= 95%. On the int4 default model they agree about as well as a past merely rounded
-    to float16 does: its own activation rounding is what flips argmaxes there (module doc).
-    Thresholds are the measured values less a small margin."""
+    to float16 does: its own activation rounding is what flips argmaxes there (module doc),
+    so the bounds there are relative to that floor, measured in the same run on the same
+    CPU. Thresholds are the measured values less a small margin."""
     found = {}
     for name, loaded in (("int4", default_gen), ("fp32", reference_gen)):
         gen = ortgen.load(loaded.path, threads=1)  # as measured (module doc)
@@ -406,8 +408,12 @@ def test_default_model_teacher_forced_agreement(default_gen, reference_gen) -> N
     assert found["fp32", "fp16"] == 1.0  # a fp32 graph is not noisy by itself
     assert found["fp32", "8"] >= 0.95  # measured 0.99
     assert found["fp32", "4"] >= 0.83  # 0.88
-    assert found["int4", "8"] >= max(0.85, found["int4", "fp16"] - 0.05)  # 0.89, fp16 0.91
-    assert found["int4", "4"] >= 0.8  # 0.85
+    # on the int8-activation graph the noise floor is the graph's own (a past rounded to
+    # float16 flips argmaxes too, and how many depends on the CPU): the caches are judged
+    # against that floor measured in the same run. Measured: 8 bits 0.89, 4 bits 0.85,
+    # float16 0.91 (AMD EPYC Zen 3)
+    assert found["int4", "8"] >= found["int4", "fp16"] - 0.05
+    assert found["int4", "4"] >= found["int4", "fp16"] - 0.12
 
 
 # ------------------------------------------------------------------- exact recent positions

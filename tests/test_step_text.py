@@ -7,9 +7,11 @@ from __future__ import annotations
 import pytest
 
 from ortgen.errors import InputError
+from ortgen.testing import reference_greedy
+from tests.text_fixtures import stop_inside
 
 COUNTING = "1, 2, 3, 4, 5, 6,"
-STOP = " 9"
+STOP = " 9"  # every CPU's default model writes it: test_counting_is_decided_on_every_cpu
 
 
 def _drive(state) -> str:
@@ -63,9 +65,12 @@ def test_rewind_keeps_text_in_step_with_tokens(default_gen):
 
 
 def test_chat_session_stops_on_stop_strings(default_gen):
-    session = default_gen.chat_session(max_new_tokens=24, stop_strings=["Berlin"])
-    reply = "".join(session.send("What is the capital of Germany? One word."))
-    assert "Berlin" not in reply
+    question = "What is the capital of Germany? Answer in a sentence."
+    free = default_gen.chat([{"role": "user", "content": question}], max_new_tokens=24).text
+    stop = stop_inside(free)  # from the model's own answer: which words depends on the CPU
+    session = default_gen.chat_session(max_new_tokens=24, stop_strings=[stop])
+    reply = "".join(session.send(question))
+    assert reply == free[: free.index(stop)] and stop not in reply
     assert session.state.finish_reasons == ["stop_string"]
     assert session.messages[-1] == {"role": "assistant", "content": reply}
 
@@ -91,3 +96,15 @@ def test_stream_pieces_carry_tokens_logprobs_and_the_finish_reason(default_gen):
     assert [p.logprob for p in pieces] == out.logprobs[0]
     assert [p.top_logprobs for p in pieces] == out.top_logprobs[0]
     assert [p.finish_reason for p in pieces] == [None] * (len(pieces) - 1) + ["stop_string"]
+
+
+@pytest.mark.default_model
+@pytest.mark.parametrize(("prompt", "stop"), [(COUNTING, STOP), ("Count: 1, 2, 3,", " 7")])
+def test_counting_is_decided_on_every_cpu(reference_gen, prompt, stop):
+    """Why the counting tests may name their stop string (here and in tests/test_threads.py):
+    at float32 every token up to and past it is chosen by more than ``NEAR_TIE`` (measured:
+    margins >= 3.1), so the int8 default model writes it on any CPU (its logits stay within
+    ``NEAR_TIE`` of these)."""
+    tok = reference_gen.tokenizer
+    ref = reference_greedy(reference_gen, tok.encode(prompt), 12)
+    assert stop in tok.decode(ref.tokens[: ref.stable_length()]), ref.margins

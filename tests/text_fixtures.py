@@ -225,3 +225,14 @@ def stream(tok: Tokenizer, ids, **kwargs) -> tuple[str, list[str]]:
     pieces = [det.push(i) for i in ids]
     pieces.append(det.flush())
     return "".join(pieces), pieces
+
+
+def stop_inside(text: str, avoid: str = "") -> str:
+    """A two-character stop string from the middle of ``text`` (first met there, and
+    absent from ``avoid``): taken from the model's own output, so the test asserts how stop
+    strings work, not what this CPU's int8 graph happens to write."""
+    for start in range(len(text) // 3, len(text) - 2):
+        stop = text[start : start + 2]
+        if stop.strip() and text.index(stop) == start and stop not in avoid:
+            return stop
+    raise AssertionError(f"no stop string to take from {text!r}")
