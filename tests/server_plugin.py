@@ -45,18 +45,36 @@ class Slow:
 
 
 class Says:
-    """Makes the answer ``text`` (its tokens one per step, then EOS), whatever the model
-    would say: a model answer a test chooses, e.g. HTML for the chat page's escaping."""
+    """Makes the answer ``text`` (then EOS), whatever the model would say: a model answer
+    a test chooses, e.g. HTML for the chat page's escaping, or tool calls to read back.
+
+    Each step it allows every token that spells the start of what is still to write
+    (the longest scored highest) and nothing else, so any pick writes ``text``. It
+    follows the text written so far rather than counting its own calls, and leaves the
+    split to a grammar in the same request: the grammar forces some tokens without asking
+    the processors (``ortgen.loop.following``), and its mask may allow only one of the
+    tokens that would spell the next text (llguidance's split of text it forces). Text
+    that has left ``text`` gets EOS at once, so the answer shows where it went wrong."""
 
     def __init__(self, text: str, *, ctx) -> None:  # type: ignore[no-untyped-def]
-        self.script = ctx.tokenizer.encode(text, add_special_tokens=False) + list(
-            ctx.eos_token_ids[:1]
-        )
-        self.calls = 0
+        self.text = text
+        self.tokenizer = ctx.tokenizer
+        self.start = ctx.prompt_length  # where the answer starts in a row's input_ids
+        self.eos = ctx.eos_token_ids[0]
+        self.pieces: dict[str, list[tuple[int, str]]] = {}  # first character -> tokens
+        for token in range(min(ctx.vocab_size, self.tokenizer.vocab_size)):
+            piece = self.tokenizer.decode([token])
+            if piece and "\ufffd" not in piece:  # not a special token nor part of a character
+                self.pieces.setdefault(piece[0], []).append((token, piece))
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        token = self.script[min(self.calls, len(self.script) - 1)]
-        self.calls += 1
         forced = np.full_like(scores, -np.inf)
-        forced[:, token] = 0.0
+        for row, ids in enumerate(input_ids):
+            written = self.tokenizer.decode(ids[self.start :].tolist())
+            rest = self.text[len(written) :] if self.text.startswith(written) else ""
+            if not rest:
+                forced[row, self.eos] = 0.0
+            for token, piece in self.pieces.get(rest[:1], []):
+                if rest.startswith(piece):
+                    forced[row, token] = len(piece)
         return forced

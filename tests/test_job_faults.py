@@ -10,6 +10,7 @@ length), through real ``ortgen run`` processes where a signal or a limit is invo
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import resource
@@ -18,12 +19,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 import ortgen
+from ortgen.jobs import output_lock, run_job
 from ortgen.jobs import results as results_mod
-from ortgen.jobs import run_job
 from ortgen.jobs.output_lock import OutputLock, lock_path
 from tests.test_jobs import CLI, GREEDY, read_results, write_jsonl
 
@@ -161,6 +163,48 @@ def test_parquet_output_is_locked_by_its_own_name(tiny_llama_gen, tmp_path):
         holder.release()
     run_job(tiny_llama_gen, source, out, progress=None, settings=GREEDY)
     assert out.exists() and not lock_path(out).exists()
+
+
+@pytest.mark.parametrize("taken", [False, True], ids=["new-file-free", "new-file-taken"])
+def test_a_lock_file_removed_between_open_and_flock_is_not_held(tmp_path, monkeypatch, taken):
+    """The race ``OutputLock.acquire`` checks for, made to happen: a second job opens
+    OUT.lock, the holder releases it (removes the file, lets the lock go), and only then
+    does the second job lock what it opened, a file no other job can find. A third job
+    would create a new OUT.lock and lock it too, and both would write the output. So the
+    second job must notice that the path no longer names the file it locked and try again:
+    take the new file when it is free (and then hold the lock others see), or stop with an
+    error naming the job that took it first. (flock conflicts between two opens of a file
+    in one process as between processes, so the jobs here are OutputLocks of this one.)"""
+    out = tmp_path / "out.jsonl"
+    holder, second, third, later = (OutputLock(out) for _ in range(4))
+    holder.acquire()
+    locked: list[int] = []
+
+    def flock(fd: int, operation: int) -> None:
+        locked.append(fd)
+        if len(locked) == 1:  # the second job has opened the holder's file: it lets go now
+            holder.release()
+            if taken:
+                third.acquire()
+        fcntl.flock(fd, operation)
+
+    racing = SimpleNamespace(flock=flock, LOCK_EX=fcntl.LOCK_EX, LOCK_NB=fcntl.LOCK_NB)
+    monkeypatch.setattr(output_lock, "fcntl", racing)
+    try:
+        if taken:
+            held_by = f"another ortgen job \\(pid {os.getpid()}\\)"
+            with pytest.raises(ortgen.OutputError, match=held_by):
+                second.acquire()
+            assert third.held and not second.held
+        else:
+            second.acquire()
+            with pytest.raises(ortgen.OutputError, match="another ortgen job"):
+                later.acquire()  # a job that comes now finds the lock held
+            assert len(locked) == 3  # the race happened: the second job locked twice
+    finally:
+        for lock in (second, third, later):
+            lock.release()
+    assert not lock_path(out).exists()
 
 
 # ------------------------------------------------------------------- faults while writing

@@ -2,7 +2,9 @@
 ``openai`` client on loopback against the default model: ``parse()`` with a Pydantic
 model, ``json_object`` (OpenAI's and llama.cpp's forms), a bad schema (400 naming
 ``response_format``), tool calls with each ``tool_choice``, streamed ``delta.tool_calls``
-fragments, and a conversation that sends a tool's result back.
+fragments, a conversation that sends a tool's result back, and answers forced
+(tests/server_plugin.py's ``says``) to several distinct calls, every one of which must
+come back.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ import openai
 import pydantic
 import pytest
 
-from ortgen.tool_calls import closed
+from ortgen.tool_calls import MAX_PARALLEL_CALLS, closed
 from tests.server_helpers import ServerProcess
-from tests.test_tool_calls import TOOLS
+from tests.test_tool_calls import THREE_CALLS, TOOLS, written
 
 pytestmark = pytest.mark.default_model
 QUESTION = [{"role": "user", "content": "What's the weather in Paris, in celsius?"}]
@@ -30,7 +32,9 @@ class Person(pydantic.BaseModel):
 
 @pytest.fixture(scope="module")
 def client(default_model_dir: Path):
-    server = ServerProcess("--model", str(default_model_dir), "--threads", "1").ready()
+    server = ServerProcess(
+        "--model", str(default_model_dir), "--threads", "1", "--plugin", "tests.server_plugin"
+    ).ready()
     try:
         yield server.client()
     finally:
@@ -102,12 +106,25 @@ def test_tool_calls_with_each_tool_choice(client) -> None:
     (call,) = choice.message.tool_calls
     assert call.function.name == "get_weather" and _valid_call(call)["city"] == "Paris"
     named = client.chat.completions.create(
-        model="x", messages=QUESTION, tools=TOOLS, max_tokens=80,
+        model="x", messages=QUESTION, tools=TOOLS, max_tokens=80, logprobs=True,
         tool_choice={"type": "function", "function": {"name": "add"}},
     )  # fmt: skip
-    calls = named.choices[0].message.tool_calls
-    assert calls and {c.function.name for c in calls} == {"add"}
-    assert all(_valid_call(c) is not None for c in calls)
+    choice = named.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    calls = choice.message.tool_calls
+    # what the request allows: 1 to MAX_PARALLEL_CALLS calls, each of add, valid for it
+    assert 1 <= len(calls) <= MAX_PARALLEL_CALLS and {c.function.name for c in calls} == {"add"}
+    arguments = [_valid_call(c) for c in calls]
+    # and exactly the calls the model wrote (its tokens, read with plain json; a repeat
+    # kept once): which those are differs between CPUs, that they all come back does not
+    written_text = b"".join(bytes(t.bytes) for t in choice.logprobs.content).decode()
+    answer, _ = json.JSONDecoder().raw_decode(written_text)  # the EOS's text follows it
+    expected: list = []
+    for call in answer["tool_calls"]:
+        if call not in expected:
+            expected.append(call)
+    assert [{"name": "add", "arguments": a} for a in arguments] == expected, written_text
+    assert len({c.id for c in calls}) == len(calls)
     auto = client.chat.completions.create(
         model="x", messages=[{"role": "user", "content": "Hi! How are you today?"}],
         tools=TOOLS, max_tokens=60,
@@ -160,3 +177,25 @@ def test_a_tool_result_round_trip(client) -> None:
         assert choice.message.content and not choice.message.tool_calls
     else:
         assert all(_valid_call(c) is not None for c in choice.message.tool_calls)
+
+
+@pytest.mark.parametrize("count", [2, 3])
+def test_every_call_of_an_answer_comes_back(client, count) -> None:
+    """The answer forced to ``count`` distinct calls (two functions, one twice with other
+    arguments): the response holds exactly those, in order, whole and streamed."""
+    calls = THREE_CALLS[:count]
+    says = {"name": "says", "text": written(calls, "json")}
+    settings = dict(model="x", messages=QUESTION, tools=TOOLS, tool_choice="required",
+                    max_tokens=200, extra_body={"logits_processors": [says]})  # fmt: skip
+    choice = client.chat.completions.create(**settings).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    got = choice.message.tool_calls
+    assert [(c.function.name, _valid_call(c)) for c in got] == calls
+    assert len({c.id for c in got}) == count
+    streamed: dict[int, dict] = {}
+    for chunk in client.chat.completions.create(**settings, stream=True):
+        for fragment in chunk.choices[0].delta.tool_calls or ():
+            call = streamed.setdefault(fragment.index, {"name": "", "arguments": ""})
+            call["name"] += fragment.function.name or ""
+            call["arguments"] += fragment.function.arguments or ""
+    assert [(c["name"], json.loads(c["arguments"])) for c in streamed.values()] == calls

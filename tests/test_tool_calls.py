@@ -18,6 +18,7 @@ import pytest
 import ortgen
 from ortgen.errors import InputError
 from ortgen.tool_calls import closed, plan_tools, read_tool_calls
+from tests import server_plugin
 from tests.tiny_models import export_tiny
 
 WEATHER = {
@@ -138,6 +139,46 @@ def test_calls_are_read_back_in_openai_shape() -> None:
     assert content == "Sure." and calls[0]["function"]["name"] == "add"
 
 
+#: three distinct calls (two functions, one of them twice with other arguments): what a
+#: reader that kept only some of an answer's calls would drop
+THREE_CALLS = [
+    ("add", {"a": 1, "b": 2}),
+    ("get_weather", {"city": "Paris", "unit": "celsius"}),
+    ("add", {"a": -7, "b": 40}),
+]
+
+
+def written(calls, format_: str) -> str:
+    """``calls`` (name, arguments) as a model writes them in ``format_``, compact as the
+    grammar makes them."""
+    bodies = [{"name": name, "arguments": arguments} for name, arguments in calls]
+    if format_ == "json":
+        return json.dumps({"tool_calls": bodies}, separators=(",", ":"))
+    return "\n".join(
+        f"<tool_call>\n{json.dumps(body, separators=(',', ':'))}\n</tool_call>" for body in bodies
+    )
+
+
+def read_back(calls) -> list[tuple[str, object]]:
+    """(name, arguments) of calls in OpenAI's shape, the arguments parsed."""
+    return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+
+
+@pytest.mark.parametrize("count", [2, 3])
+@pytest.mark.parametrize("format_", ["json", "hermes"])
+def test_every_distinct_call_is_read_back_in_order(format_, count) -> None:
+    """An answer with several different calls gives all of them, in the order written,
+    each with its own id; only a word-for-word repeat (a loop) is dropped."""
+    plan = plan_tools([], TOOLS, "auto", None, HERMES_TEMPLATE if format_ == "hermes" else "")
+    assert plan.format == format_
+    calls = THREE_CALLS[:count]
+    content, got = read_tool_calls(written(calls, format_), plan)
+    assert content is None and read_back(got) == calls
+    assert len({c["id"] for c in got}) == count
+    looped = [*calls, calls[0], *calls]  # the model started over: the same calls again
+    assert read_back(read_tool_calls(written(looped, format_), plan)[1]) == calls
+
+
 def test_a_conversation_with_calls_and_results_renders_for_a_plain_template() -> None:
     call = {"id": "call_1", "type": "function",
             "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}  # fmt: skip
@@ -162,17 +203,31 @@ def test_a_conversation_with_calls_and_results_renders_for_a_plain_template() ->
 # -- a tiny model with a hermes template: the grammar alone makes the calls ---------------
 
 
-@pytest.fixture(scope="module")
-def hermes_gen(tiny_root: Path):
-    folder = export_tiny("llama", tiny_root / "tools-hermes", with_tokenizer=True, graph="fused")
-    copy = tiny_root / "tools-hermes-template"
+def with_template(folder: Path, copy: Path, template: str) -> Path:
+    """A copy of the model ``folder`` whose chat template is ``template`` (the other files
+    linked, not copied: the default model's weights are 145 MB)."""
     if copy.exists():
         shutil.rmtree(copy)
-    shutil.copytree(folder, copy)
-    resolved = json.loads((copy / "ortgen_tokenizer.json").read_text())
-    resolved["chat_template"] = HERMES_TEMPLATE
+    copy.mkdir(parents=True)
+    for file in folder.iterdir():
+        (copy / file.name).symlink_to(file.resolve())
+    for name in ("ortgen_tokenizer.json", "chat_template.jinja"):
+        (copy / name).unlink(missing_ok=True)
+    resolved = json.loads((folder / "ortgen_tokenizer.json").read_text())
+    resolved["chat_template"] = template
     (copy / "ortgen_tokenizer.json").write_text(json.dumps(resolved))
-    (copy / "chat_template.jinja").write_text(HERMES_TEMPLATE)
+    (copy / "chat_template.jinja").write_text(template)
+    return copy
+
+
+@pytest.fixture(scope="module")
+def hermes_folder(tiny_root: Path) -> Path:
+    return export_tiny("llama", tiny_root / "tools-hermes", with_tokenizer=True, graph="fused")
+
+
+@pytest.fixture(scope="module")
+def hermes_gen(tiny_root: Path, hermes_folder: Path):
+    copy = with_template(hermes_folder, tiny_root / "tools-hermes-template", HERMES_TEMPLATE)
     return ortgen.load(copy, threads=1)
 
 
@@ -206,6 +261,27 @@ def test_tools_and_another_constraint_are_refused(hermes_gen) -> None:
         hermes_gen.chat([{"role": "user", "content": "x"}], tools=TINY_TOOLS, json_object=True)
 
 
+#: a hermes template as short as one can be (only the last message), so that two calls
+#: fit the tiny model's 128 positions: 2 for the prompt and 120 for the answer
+SHORT_HERMES_TEMPLATE = "{#<tool_call>#}{{ messages[-1]['content'] }}"
+
+
+def test_an_answer_with_two_distinct_calls_returns_both(tiny_root, hermes_folder) -> None:
+    """The model's answer is forced (tests/server_plugin.py's ``says``) to two calls of
+    different functions: ``chat`` returns exactly those two, in order. (Three calls do not
+    fit the tiny context; the default model's tests below and in
+    tests/test_structured_server.py make three.)"""
+    copy = with_template(hermes_folder, tiny_root / "tools-hermes-short", SHORT_HERMES_TEMPLATE)
+    gen = ortgen.load(copy, threads=1, plugins=[server_plugin])
+    calls = [("w", {"c": "ab"}), ("add", {"a": 3})]
+    says = {"name": "says", "text": written(calls, "hermes")}
+    for choice in ("required", "auto"):
+        out = gen.chat([{"role": "user", "content": "w?"}], tools=TINY_TOOLS, tool_choice=choice,
+                       logits_processors=[says], max_new_tokens=126)  # fmt: skip
+        assert out.finish_reasons == ["tool_calls"] and out.text == "", (choice, out.text)
+        assert read_back(out.tool_calls) == calls, choice
+
+
 # -- the default model: real calls to real questions -------------------------------------
 
 
@@ -235,3 +311,24 @@ def test_the_default_model_calls_tools_and_goes_on_after_the_result(default_gen)
     hello = default_gen.chat([{"role": "user", "content": "Hi! How are you today?"}],
                              tools=TOOLS, max_new_tokens=60)  # fmt: skip
     assert hello.finish_reasons == ["eos"] and hello.tool_calls == [] and hello.text
+
+
+@pytest.mark.parametrize("format_", ["json", "hermes"])
+def test_the_default_model_returns_every_call_its_answer_makes(
+    default_model_dir, tmp_path, format_
+) -> None:
+    """The default model's answer forced to three distinct calls, in its own template's
+    format (json) and in hermes (its folder given HERMES_TEMPLATE): ``chat`` returns
+    exactly those three, in order. The tokens ``says`` asks for are BPE pieces of the text
+    while the grammar forces its own split of the fixed parts, so this also reads calls
+    written in tokens that are not ``encode(text)``'s."""
+    folder = default_model_dir
+    if format_ == "hermes":
+        folder = with_template(default_model_dir, tmp_path / "hermes", HERMES_TEMPLATE)
+    gen = ortgen.load(folder, threads=1, plugins=[server_plugin])
+    question = [{"role": "user", "content": "What's the weather in Paris, in celsius?"}]
+    says = {"name": "says", "text": written(THREE_CALLS, format_)}
+    out = gen.chat(question, tools=TOOLS, tool_choice="required", logits_processors=[says],
+                   max_new_tokens=200)  # fmt: skip
+    assert out.finish_reasons == ["tool_calls"] and out.text == "", out.text
+    assert read_back(out.tool_calls) == THREE_CALLS
