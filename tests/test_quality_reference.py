@@ -48,13 +48,14 @@ def test_perplexity_equals_exp_of_transformers_loss_on_tiny_models(models) -> No
 def test_perplexity_equals_exp_of_transformers_loss_on_the_default_model(
     reference_gen, default_hf
 ) -> None:
-    """The first 512 tokens of the evaluation text through the fp32 fused graph, one token
-    per forward (as ``ortgen bench`` scores), and through transformers in one forward.
-    Measured: perplexities 15.2072 and 15.2070 (1.2e-5 relative), per-position |diff|
-    at most 7e-5, every top-1 the same."""
+    """The first 512 tokens of the evaluation text through the fp32 fused graph, 256 tokens
+    per forward (``force_positions``: how a float32 reference is scored; the one-token path
+    is checked against transformers on the tiny models above), and through transformers in
+    one forward. Measured: perplexities 15.2072 and 15.2070 (1.2e-5 relative),
+    per-position |diff| at most 7e-5, every top-1 the same."""
     ids = eval_ids(reference_gen)[:512]
     loss, nll, top1 = hf_loss(default_hf, ids)
-    scores = score_tokens(reference_gen, ids)
+    scores = score_tokens(reference_gen, ids, per_forward=256)
     assert 5 < float(np.exp(loss)) < 50  # a trained model on plain English
     np.testing.assert_allclose(scores.nll, nll, atol=1e-3)
     assert scores.perplexity == pytest.approx(np.exp(loss), rel=1e-4)
@@ -102,3 +103,31 @@ def test_the_gguf_build_at_accuracy_level_0_equals_transformers(
             attention_mask=torch.ones(1, len(prompt), dtype=torch.long), pad_token_id=2,
         )[0, len(prompt) :].tolist()  # fmt: skip
     assert greedy == expected
+
+
+@pytest.mark.parametrize("graph", ["optimum", "fused"])
+def test_force_positions_equals_force_token_by_token(tiny_model_dirs, fused_model_dirs, graph):
+    """Several tokens per forward give the logits one token per forward gives (fp32), in
+    chunks of ``prefill_chunk``; what it cannot feed is refused."""
+    import ortgen
+
+    dirs = tiny_model_dirs if graph == "optimum" else fused_model_dirs
+    gen = ortgen.load(dirs["llama"][1], threads=1)
+    rng = np.random.default_rng(5)
+    ids = [1, *rng.integers(3, 256, 60).tolist()]
+    one = gen.start([ids[:3]], max_new_tokens=1, eos_token_id=None)
+    one.force()
+    want = np.stack([one.force([t])[0].copy() for t in ids[3:]])  # a decode view: copy
+    many = gen.start([ids[:3]], max_new_tokens=1, eos_token_id=None)
+    many.prefill_chunk = 16  # several chunks
+    many.force()
+    got = many.force_positions(ids[3:])
+    assert got.shape == (1, len(ids) - 3, 256)
+    np.testing.assert_allclose(got[0], want, atol=1e-4)
+    fresh = gen.start([ids[:3]], max_new_tokens=1, eos_token_id=None)
+    with pytest.raises(ortgen.InputError, match="every token before it fed"):
+        fresh.force_positions([5])
+    batch = gen.start([ids[:3], ids[:3]], max_new_tokens=1, eos_token_id=None)
+    batch.force()
+    with pytest.raises(ortgen.InputError, match="feeds one row"):
+        batch.force_positions([5])

@@ -87,6 +87,33 @@ class Continuing(StepFields):
         with self._driver.hold("force"):
             return self._force(tokens)
 
+    def force_positions(self, tokens: Sequence[int]) -> np.ndarray:
+        """Teacher forcing of several tokens in as few forwards as the graph allows: write
+        ``tokens`` after every row of a request whose tokens are all fed, feed them, and
+        return the logits after each of them (B, len(tokens), V), sampling nothing.
+
+        On a float32 graph these equal ``force()`` token by token to float rounding, in
+        ~len(tokens)/256 forwards instead of len(tokens): what a reference graph scores a
+        text with. An int8-activation graph rounds a several-position forward differently
+        from a one-position one (docs/architecture.md), so a quantised model is scored as
+        it decodes, with ``force()``.
+        """
+        with self._driver.hold("force_positions"):
+            if self.fed != self.length:
+                raise InputError("force_positions() needs every token before it fed (force())")
+            if self.batch_size != 1:
+                raise InputError("force_positions() feeds one row (a batch: force() per token)")
+            if not tokens:
+                raise InputError("force_positions() needs tokens")
+            self._write(np.asarray([list(tokens)], dtype=np.int64))
+            chunk = min(self.prefill_chunk, getattr(self.chain.cache, "max_feed", None) or 1 << 30)
+            parts = []
+            while self.fed < self.length:
+                start, end = self.fed, min(self.length, self.fed + chunk)
+                parts.append(self._forward_chunk(start, end, keep=end - start)[:, -(end - start) :])
+                self.fed = end
+            return np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
+
     def _force(self, tokens: Sequence[int]) -> np.ndarray:
         width = len(tokens)
         if width:

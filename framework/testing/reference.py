@@ -149,7 +149,7 @@ def near_tie_paths(
                 done.append(path)
             else:
                 child = branch if n == len(picks) - 1 else branch.fork()
-                todo.append((child, child.force([token])[0], path))
+                todo.append((child, child.force([token])[0].copy(), path))
             if len(done) + len(todo) > limit:
                 raise ValueError(
                     f"more than {limit} near-tie paths after {len(tokens)} tokens: the prompt "
