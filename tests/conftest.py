@@ -3,8 +3,12 @@ real default model (built on first use, kept in exported_models/)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -144,15 +148,16 @@ def build_reference(default_model_dir: Path, options: Any, name: str) -> Path:
     from ortgen.manifest import is_complete_model_folder, read_manifest
 
     out = default_model_dir.parent / ".reference" / name
-    manifest = read_manifest(out) or {}
-    current = (
-        is_complete_model_folder(out)
-        and manifest.get("variant") == variant_of(options)
-        and manifest.get("source_sha256") == DEFAULT_GGUF_SHA256
-    )
-    if not current:
-        gguf = download_default_gguf(default_model_dir.parent / ".cache")
-        build_folder(gguf, out, options=options, sha256=DEFAULT_GGUF_SHA256)
+    with _exclusive(out):
+        manifest = read_manifest(out) or {}
+        current = (
+            is_complete_model_folder(out)
+            and manifest.get("variant") == variant_of(options)
+            and manifest.get("source_sha256") == DEFAULT_GGUF_SHA256
+        )
+        if not current:
+            gguf = download_default_gguf(default_model_dir.parent / ".cache")
+            build_folder(gguf, out, options=options, sha256=DEFAULT_GGUF_SHA256)
     return out
 
 
@@ -166,13 +171,46 @@ def reference_gen(reference_model_dir: Path):
 @pytest.fixture(scope="session")
 def default_hf(default_model_dir: Path):
     """The default model's GGUF weights in transformers (PyTorch), loaded once: the
-    reference the fp32 fused graph is compared with token for token."""
+    reference the fp32 fused graph is compared with token for token.
+
+    transformers' GGUF loader (the independent reference) takes ~45 s to dequantise the
+    file; what it loaded is saved (``save_pretrained``) next to the default model, keyed by
+    the GGUF's sha256 and transformers' version, so later runs and other pytest-xdist
+    workers load those safetensors in a second."""
+    import transformers
     from transformers import AutoModelForCausalLM
 
-    from ortgen.gguf.default_model import download_default_gguf
+    from ortgen.gguf.default_model import DEFAULT_GGUF_SHA256, download_default_gguf
 
-    gguf = download_default_gguf(default_model_dir.parent / ".cache")
-    return AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name).eval()
+    saved = default_model_dir.parent / ".reference" / "smollm2-transformers-from-gguf"
+    stamp = f"{DEFAULT_GGUF_SHA256} transformers {transformers.__version__}"
+    with _exclusive(saved):
+        if _read(saved / "stamp") != stamp:
+            gguf = download_default_gguf(default_model_dir.parent / ".cache")
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            work = saved.with_name(saved.name + ".partial")
+            shutil.rmtree(work, ignore_errors=True)
+            model.save_pretrained(work, safe_serialization=True)
+            (work / "stamp").write_text(stamp)
+            shutil.rmtree(saved, ignore_errors=True)
+            work.rename(saved)
+    return AutoModelForCausalLM.from_pretrained(saved).eval()
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """An exclusive flock beside ``path`` (pytest-xdist workers building one reference)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
 
 
 # -- the suite's own rules: no unexpected skip, the default model's marker ---------------

@@ -33,7 +33,7 @@ from ..paths import models_dir
 from .options import BUILD_FORMAT, BuildOptions, variant_of
 from .reader import GGUFError, looks_like_gguf
 
-__all__ = ["built_model", "cache_root", "file_sha256", "stderr_progress"]
+__all__ = ["build_lock", "built_model", "cache_root", "file_sha256", "stderr_progress"]
 
 _HASHES = "hashes.json"
 
@@ -70,7 +70,7 @@ def built_model(
     if _current(folder, sha, options) is None:
         return folder
     try:
-        with _exclusive(folder, source, progress):
+        with build_lock(folder, source.name, progress):
             reason = _current(folder, sha, options)
             if reason is None:  # built by the process we waited for
                 return folder
@@ -156,15 +156,16 @@ def _forget_older_builds(root: Path, source: Path, keep: Path) -> None:
 
 
 @contextlib.contextmanager
-def _exclusive(folder: Path, source: Path, progress: Callable[[str], None]) -> Iterator[None]:
-    """Hold the folder's build lock (waiting, and saying so, while another process
-    builds it)."""
+def build_lock(folder: Path, what: str, progress: Callable[[str], None]) -> Iterator[None]:
+    """Hold ``folder``'s build lock (waiting, and saying so, while another process
+    builds it): ``FOLDER.lock`` beside it, never removed."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(folder.parent / f"{folder.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            progress(f"waiting for another process that is building {source.name}")
+            progress(f"waiting for another process that is building {what}")
             fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:

