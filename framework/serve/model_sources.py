@@ -1,9 +1,10 @@
-"""Which models ``ortgen serve`` serves, from its flags: ``-m [NAME=]FOLDER`` (repeatable)
-and ``--models-dir DIR`` (every model folder in it).
+"""Which models ``ortgen serve`` serves, from its flags: ``-m [NAME=]FOLDER|FILE.gguf``
+(repeatable) and ``--models-dir DIR`` (every model folder and GGUF file in it).
 
-A model's id (what requests put in ``model``) is the NAME given, or else its folder's
-name. Every folder is checked here, before anything loads, so a typo is an error at
-startup and not a 500 at a model's first request.
+A model's id (what requests put in ``model``) is the NAME given, or else its folder's name
+(a GGUF file's stem). Every source is checked here, before anything loads, so a typo is an
+error at startup and not a 500 at a model's first request; a GGUF file is built here too
+(on first use; from the cache after), so no request waits for a build.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import OrtgenError
+from ..locate import is_gguf_path, model_folder
 from ..model import MODEL_FILE
 from .model_pool import ModelSource
 
@@ -40,26 +42,32 @@ def _from_flag(spec: str) -> ModelSource:
         name, folder = "", spec
     elif not name.strip():
         raise OrtgenError(f"-m {spec}: the model's name before '=' is empty")
-    path = _check_folder(Path(folder), f"-m {spec}")
-    return ModelSource(name.strip() or path.name, path)
+    given = Path(folder)
+    path = _check_folder(given, f"-m {spec}")
+    return ModelSource(name.strip() or (given.stem if given.is_file() else path.name), path)
 
 
 def _from_dir(folder: Path) -> list[ModelSource]:
     """Every model folder (one holding ``model.onnx``) directly inside ``folder``, by name."""
     if not folder.is_dir():
         raise OrtgenError(f"--models-dir {folder}: no such folder")
-    found = sorted(p for p in folder.iterdir() if (p / MODEL_FILE).is_file())
+    found = sorted(p for p in folder.iterdir() if (p / MODEL_FILE).is_file() or is_gguf_path(p))
     if not found:
         raise OrtgenError(
             f"--models-dir {folder}: no model folder in it (a folder holding {MODEL_FILE}, "
-            "as `ortgen export` writes)"
+            "as `ortgen export` writes, or a .gguf file)"
         )
-    return [ModelSource(path.name, path.resolve()) for path in found]
+    return [
+        ModelSource(path.stem if path.is_file() else path.name, _check_folder(path, "--models-dir"))
+        for path in found
+    ]
 
 
 def _check_folder(path: Path, flag: str) -> Path:
+    if is_gguf_path(path):
+        return model_folder(path).resolve()  # built now, or from the cache
     if not path.is_dir():
-        raise OrtgenError(f"{flag}: no such model folder {path}")
+        raise OrtgenError(f"{flag}: no such model folder or GGUF file {path}")
     if not (path / MODEL_FILE).is_file():
         raise OrtgenError(
             f"{flag}: {path} is not a model folder (it has no {MODEL_FILE}; export one "
