@@ -69,6 +69,14 @@ tensor is written in ``qtype``. Per architecture:
   ``attention.sliding_window`` (0, the converter's "no window"). HF's fused tensors are
   copied: ``blk.N.attn_qkv`` ([q; k; v] rows) and ``blk.N.ffn_up`` = gate_up_proj ([gate; up]
   rows, 2 x ffn), no ``ffn_gate``; no permutation. transformers reads no window (None).
+  Variant ``longrope`` (Phi-3 128k, Phi-3.5, Phi-4-mini): LongRoPE as
+  ``Phi3MiniModel.generate_extra_tensors`` writes it, ``rope_factors_long.weight`` and
+  ``rope_factors_short.weight`` (F32, head_dim/2 each) and ``rope.scaling.attn_factor``
+  (sqrt(1 + ln(context/original) / ln(original))), with ``original_context_length`` 16 <
+  context 128. transformers maps none of them (no rope-scaling key in
+  ``GGUF_CONFIG_MAPPING["phi3"]``, the tensors to no parameter) and loads plain RoPE;
+  :func:`hf_reference_kwargs` gives it back (``rope_scaling`` with exactly Phi3Config's three
+  fields, and ``original_max_position_embeddings``).
 
 Dimensions: hidden 64, ffn 128, 4 query heads over 2 KV heads, head_dim 16 (qwen3 128,
 gemma 256, see above), 2 layers (gemma3 6), context 128, vocabulary 384, sliding window 8 (so
@@ -77,14 +85,15 @@ a prompt plus 8 new tokens crosses it). K-quants and IQ types need rows of a mul
 was 16) and no tensor needs a fallback; a tensor whose row length still does not fit the
 block falls back as llama-quantize does (:func:`weight_qtype`). Weights are drawn in HF
 layout and meaning (:func:`hf_weights`), deterministic per seed: matrices, embeddings and
-biases N(0, 0.5) (as ``tests/tiny_models.py``: a small std gives near-tied logits), norms
-gain + N(0, 0.2) with gain 1 except where :func:`hf_weights` says why not.
+biases N(0, 0.5) (as ``tests/tiny_models.py``: a small std gives near-tied logits; the wide
+models 0.5 * sqrt(64 / hidden), see :func:`hf_weights`), norms gain + N(0, 0.2) with gain 1
+except where :func:`hf_weights` says why not.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,11 +109,13 @@ ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
 VARIANTS: dict[str, tuple[str | None, ...]] = {
     "llama": (None, "llama3_rope"),
     "mistral": (None, "mistral_name"),
-    **{arch: (None,) for arch in ("qwen2", "qwen3", "gemma2", "gemma3", "phi3")},
+    **{arch: (None,) for arch in ("qwen2", "qwen3", "gemma2", "gemma3")},
+    "phi3": (None, "longrope"),
 }
 CONTEXT = 128
 SLIDING_WINDOW = 8
 INIT_STD = 0.5
+NARROW_HIDDEN = 64  # hidden size of the F32 / legacy-type models; INIT_STD is for it
 NORM_STD = 0.2
 
 #: what gguf.quants.quantize writes itself; other types go to tests/gguf_quantizers.py
@@ -123,6 +134,20 @@ _LLAMA3_ROPE = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 64,
 }
+
+
+def _longrope(head_dim: int) -> dict[str, Any]:
+    """Phi-3's LongRoPE (HF rope_scaling plus the top-level original context, kept here):
+    per-pair divisors rising with the dimension, the short ones near 1 (float32 values)."""
+    pairs = head_dim // 2
+    return {
+        "type": "longrope",
+        "short_factor": np.linspace(1.0, 1.5, pairs, dtype=np.float32).tolist(),
+        "long_factor": np.linspace(1.0, 6.0, pairs, dtype=np.float32).tolist(),
+        "original_max_position_embeddings": 16,
+    }
+
+
 _GGUF_ARCH = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
 
 
@@ -151,7 +176,9 @@ class TinySpec:
     sliding_window: int | None = None
     attn_softcap: float | None = None
     final_softcap: float | None = None
-    rope_scaling: dict[str, Any] | None = None  # HF rope_scaling; the file holds rope_freqs
+    # HF rope_scaling (+ original_max_position_embeddings); the file holds rope_freqs or
+    # rope_factors_long/short
+    rope_scaling: dict[str, Any] | None = None
 
     @property
     def gemma(self) -> bool:
@@ -200,17 +227,31 @@ def tiny_spec(
         "gguf_arch": arch, "name": f"Tiny {arch}", "hf_model_type": arch, "layers": 2,
         "head_dim": hidden // 4, **per_arch[arch],
     }  # fmt: skip
+    scaling = {
+        "llama3_rope": _LLAMA3_ROPE, "longrope": _longrope(fields["head_dim"])
+    }.get(variant or "")  # fmt: skip
     return TinySpec(
         arch=arch, variant=variant, qtype=qtype, tied=tied, hidden=hidden, heads=4, kv_heads=2,
         ffn=ffn, vocab=VOCAB_SIZE, context=CONTEXT,
-        rope_scaling=dict(_LLAMA3_ROPE) if variant == "llama3_rope" else None, **fields,
+        rope_scaling=dict(scaling) if scaling else None, **fields,
     )  # fmt: skip
 
 
 def hf_reference_kwargs(spec: TinySpec) -> dict[str, Any]:
     """Extra ``from_pretrained`` kwargs for a transformers reference faithful to the file: the
-    settings transformers 4.57.6's GGUF loader drops (only Llama 3.1 rope scaling)."""
-    return {"rope_scaling": dict(spec.rope_scaling)} if spec.rope_scaling else {}
+    settings transformers 4.57.6's GGUF loader drops (Llama 3.1 and Phi-3 rope scaling), and eager
+    attention where the file soft-caps attention scores (gemma2): the loader's default, SDPA,
+    silently skips ``attn_logit_softcapping`` (measured: logits 1.9 apart from eager's)."""
+    kwargs: dict[str, Any] = {}
+    if spec.rope_scaling:
+        kwargs["rope_scaling"] = dict(spec.rope_scaling)
+    if spec.rope_scaling and spec.rope_scaling.get("type") == "longrope":
+        # Phi3Config takes the original context at the top level, and exactly three fields
+        original = kwargs["rope_scaling"].pop("original_max_position_embeddings")
+        kwargs["original_max_position_embeddings"] = original
+    if spec.attn_softcap:
+        kwargs["attn_implementation"] = "eager"
+    return kwargs
 
 
 def hf_weights(spec: TinySpec, seed: int = 0) -> dict[str, np.ndarray]:
@@ -224,11 +265,22 @@ def hf_weights(spec: TinySpec, seed: int = 0) -> dict[str, np.ndarray]:
     sqrt(hidden) while each sublayer's output is RMS-normed to ~1, so the token's own
     embedding dominates the residual and, through the tied head, its own logit: gemma gets
     embeddings of std 1/sqrt(hidden) (input RMS 1), post-sublayer norm gains 8 and a final
-    norm gain 4 (which also keeps the tied head's logits spread).
+    norm gain 4 (which also keeps the tied head's logits spread); an untied Gemma head is
+    drawn like the embedding, so its logits spread as the tied head's (std ~4, not ~16).
+
+    The wide models (K-quant and IQ types: hidden 256) draw matrices with std
+    INIT_STD * sqrt(64 / hidden), so every activation, attention score and logit has the
+    narrow models' scale. At INIT_STD itself their attention scores have std ~64 and logits
+    ~8: transformers' own float32 logits then differ from float64 by up to 9e-4 (measured),
+    which leaves no room to compare a runtime at 1e-3; scaled, 1e-4 (the narrow models').
+    Logit errors of float32 arithmetic scale with the logits, so the untied Gemma head is
+    scaled for the same reason.
     """
     rng = np.random.default_rng([seed, ARCHS.index(spec.arch)])
 
-    def mat(*shape: int, std: float = INIT_STD) -> np.ndarray:
+    def mat(
+        *shape: int, std: float = INIT_STD * math.sqrt(NARROW_HIDDEN / spec.hidden)
+    ) -> np.ndarray:
         return (rng.standard_normal(shape) * std).astype(np.float32)
 
     def norm(n: int, gain: float = 1.0) -> np.ndarray:
@@ -238,7 +290,7 @@ def hf_weights(spec: TinySpec, seed: int = 0) -> dict[str, np.ndarray]:
     h, hd = spec.hidden, spec.head_dim
     q_rows, kv_rows = spec.heads * hd, spec.kv_heads * hd
     post_gain = 8.0 if spec.gemma else 1.0
-    emb_std = 1 / math.sqrt(h) if spec.gemma else INIT_STD
+    emb_std = 1 / math.sqrt(h) if spec.gemma else INIT_STD * math.sqrt(NARROW_HIDDEN / h)
     out = {"model.embed_tokens.weight": mat(spec.vocab, h, std=emb_std)}
     for i in range(spec.layers):
         p = f"model.layers.{i}."
@@ -267,7 +319,7 @@ def hf_weights(spec: TinySpec, seed: int = 0) -> dict[str, np.ndarray]:
         out[p + "mlp.down_proj.weight"] = mat(h, spec.ffn)
     out["model.norm.weight"] = norm(h, 4.0 if spec.gemma else 1.0)
     if not spec.tied:
-        out["lm_head.weight"] = mat(spec.vocab, h)
+        out["lm_head.weight"] = mat(spec.vocab, h, std=emb_std)
     return out
 
 
@@ -306,7 +358,13 @@ def llama3_rope_factors(spec: TinySpec) -> np.ndarray:
 
 def gguf_tensors(spec: TinySpec, seed: int = 0) -> Iterator[tuple[str, np.ndarray]]:
     """The float32 tensors (GGUF names, llama.cpp's transforms) before quantisation."""
-    if spec.rope_scaling is not None:  # generate_extra_tensors come first
+    if spec.rope_scaling is not None and spec.arch == "phi3":  # generate_extra_tensors first
+        for kind in ("long", "short"):
+            yield (
+                f"rope_factors_{kind}.weight",
+                np.array(spec.rope_scaling[f"{kind}_factor"], np.float32),
+            )
+    elif spec.rope_scaling is not None:
         yield "rope_freqs.weight", llama3_rope_factors(spec)
     name_map = gguf.get_tensor_name_map(_GGUF_ARCH[spec.gguf_arch], spec.layers)
     for hf_name, w in hf_weights(spec, seed).items():
@@ -375,7 +433,12 @@ def _write_model_keys(w: gguf.GGUFWriter, spec: TinySpec) -> None:
     w.add_name(spec.name)
     if spec.arch == "phi3":  # Phi3MiniModel.set_gguf_parameters
         w.add_context_length(spec.context)
-        w.add_rope_scaling_orig_ctx_len(spec.context)
+        original = (spec.rope_scaling or {}).get("original_max_position_embeddings")
+        w.add_rope_scaling_orig_ctx_len(original or spec.context)
+        if original:  # generate_extra_tensors' attention factor for longrope
+            w.add_rope_scaling_attn_factors(
+                math.sqrt(1 + math.log(spec.context / original) / math.log(original))
+            )
     else:
         w.add_block_count(spec.layers)
         w.add_context_length(spec.context)
@@ -419,13 +482,17 @@ def write_tiny_gguf(
     seed: int = 0,
     tokenizer: bool = True,
     variant: str | None = None,
+    types: Mapping[str, Q] | None = None,
 ) -> Path:
     """Write a tiny random ``arch`` GGUF to ``path`` (a file name) and return the path.
 
     ``qtype``: the type of the 2-D weights (any GGML type; see :func:`weight_qtype` and
     :func:`quantize`). ``tied``: no ``output.weight`` (gemma2 must be tied). ``tokenizer``:
     False writes no ``tokenizer.*`` key at all, for "GGUF without a tokenizer" errors.
-    ``variant``: one of :data:`VARIANTS` ``[arch]``. Same arguments, same bytes.
+    ``variant``: one of :data:`VARIANTS` ``[arch]``. ``types``: per-tensor types, as
+    llama-quantize's mixes write them (Q4_K_M: ``attn_v`` and ``ffn_down`` in Q6_K): a 2-D
+    tensor with a key among its name's dotted parts (``"attn_v"``, ``"output"``) is written
+    in that type instead of ``qtype`` (with the same fallback). Same arguments, same bytes.
     """
     spec = tiny_spec(arch, qtype=qtype, tied=tied, variant=variant)
     path = Path(path)
@@ -435,7 +502,8 @@ def write_tiny_gguf(
     if tokenizer:
         write_vocab(writer, tiny_vocab(arch))
     for name, w in gguf_tensors(spec, seed):
-        data, wtype = encode_tensor(name, w, spec.qtype)
+        wanted = next((t for key, t in (types or {}).items() if key in name.split(".")), None)
+        data, wtype = encode_tensor(name, w, wanted or spec.qtype)
         writer.add_tensor(name, data, raw_dtype=wtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

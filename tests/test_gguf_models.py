@@ -84,7 +84,7 @@ def _hf_name(arch: str, name: str) -> str | None:
     gguf-py name map both the writer and the loader use (None: no parameter)."""
     if name in _GLOBAL:
         return _GLOBAL[name]
-    if name == "rope_freqs.weight":
+    if name in ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"):
         return None
     _, block, part, suffix = name.split(".")
     if part == "ffn_norm":

@@ -19,12 +19,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelLoadError
+from ..errors import ExportError, ModelLoadError
 from ..installed import ortgen_version
 from ..manifest import MANIFEST_FORMAT, MANIFEST_NAME
 from .decoder import build_decoder
 from .options import BUILD_FORMAT, BuildOptions, variant_of
-from .reader import GGUFFile
+from .reader import GGUFError, GGUFFile
 from .spec import ModelSpec, read_spec
 
 __all__ = ["BUILD_FORMAT", "Progress", "build_folder", "variant_of"]
@@ -45,6 +45,14 @@ def build_folder(
     dest = Path(dest)
     g = GGUFFile(gguf)
     spec = read_spec(g)
+    if not g.has("tokenizer.ggml.model"):
+        # checked before any work: the tokenizer module's own message advises adding a
+        # tokenizer.json to a model folder, which a GGUF built into the cache cannot take
+        raise GGUFError(
+            f"{g.path} has no tokenizer (no tokenizer.ggml.* metadata): ortgen builds the "
+            "tokenizer from the GGUF itself, so it cannot build this file. Convert the model "
+            "again with its tokenizer (llama.cpp's convert_hf_to_gguf.py writes it)"
+        )
     progress(
         f"building {g.path.name}: {spec.architecture}, {spec.layers} layers, "
         f"hidden {spec.hidden}, vocab {spec.vocab} ({options.precision})"
@@ -55,7 +63,10 @@ def build_folder(
     try:
         from .tokenizer import write_tokenizer_files
 
-        info = write_tokenizer_files(g.fields, work)
+        try:
+            info = write_tokenizer_files(g.fields, work)
+        except ExportError as exc:  # a tokenizer ortgen cannot build: name the file
+            raise GGUFError(f"{g.path}: {exc}") from exc
         build_decoder(g, spec, options, work)
         ids = info.generation_ids()
         _write_json(work / "config.json", _hf_config(spec, options, ids, g))

@@ -242,7 +242,7 @@ def _rope(g: GGUFFile, traits: _Traits, head_dim: int) -> RopeSpec:
     default_base = 10000.0
     base = float(g.arch("rope.freq_base") or default_base)
     if "rope_freqs.weight" in g.tensors:
-        divisors = _floats(g, "rope_freqs.weight")
+        divisors = _floats(g, "rope_freqs.weight", dim // 2)
         return RopeSpec(dim=dim, base=base, scaling="llama3", freq_divisors=divisors)
     if "rope_factors_long.weight" in g.tensors:
         original = int(g.arch("rope.scaling.original_context_length") or 0)
@@ -253,8 +253,8 @@ def _rope(g: GGUFFile, traits: _Traits, head_dim: int) -> RopeSpec:
             attn = math.sqrt(1 + math.log(scale) / math.log(original))
         return RopeSpec(
             dim=dim, base=base, scaling="longrope",
-            short_factors=_floats(g, "rope_factors_short.weight"),
-            long_factors=_floats(g, "rope_factors_long.weight"),
+            short_factors=_floats(g, "rope_factors_short.weight", dim // 2),
+            long_factors=_floats(g, "rope_factors_long.weight", dim // 2),
             original_context=original, attn_factor=float(attn or 1.0),
         )  # fmt: skip
     kind = str(g.arch("rope.scaling.type") or "none")
@@ -269,13 +269,23 @@ def _rope(g: GGUFFile, traits: _Traits, head_dim: int) -> RopeSpec:
     )
 
 
-def _floats(g: GGUFFile, name: str) -> tuple[float, ...]:
+def _floats(g: GGUFFile, name: str, count: int) -> tuple[float, ...]:
+    """An F32 vector of ``count`` values (one per rotated pair): checked here, so a file
+    with another length fails naming the tensor, not deep in the rotary tables."""
     import numpy as np
 
     t = g.tensor(name)
     if t.qtype != 0:  # F32
         raise GGUFError(f"{g.path}: {name} is {t.type_name}, expected F32")
-    return tuple(float(x) for x in np.asarray(t.data, np.float32).reshape(-1))
+    # t.data is the tensor's raw bytes: reinterpret them (a conversion would give one
+    # float per byte, four times too many values)
+    values = np.ascontiguousarray(t.data).view("<f4").reshape(-1)
+    if values.size != count:
+        raise GGUFError(
+            f"{g.path}: {name} has {values.size} values, expected {count} "
+            "(one per pair of rotated dimensions)"
+        )
+    return tuple(float(x) for x in values)
 
 
 def _attention_scale(arch: str, layers: int, hidden: int, heads: int, head_dim: int) -> float:
