@@ -27,7 +27,7 @@ def test_graph_without_past_is_refused(no_past_dir):
 
 
 def test_missing_folder(tmp_path):
-    with pytest.raises(ortgen.ModelLoadError, match="does not exist"):
+    with pytest.raises(ortgen.ModelLoadError, match="no such model folder or GGUF file"):
         ortgen.load(tmp_path / "nope")
 
 
@@ -90,7 +90,7 @@ def test_generation_stops_at_context(gen):
 
 def test_cli_errors_exit_non_zero(tmp_path, capsys, tiny_model_dirs):
     assert main(["generate", "hi", "--model", str(tmp_path / "missing")]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    assert "no such model folder or GGUF file" in capsys.readouterr().err
     model = str(tiny_model_dirs["llama"][1])
     assert main(["config", "show", "--model", model, "--set", "bogus=1"]) == 2
     assert "unknown setting 'bogus'" in capsys.readouterr().err
