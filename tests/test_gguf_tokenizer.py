@@ -3,9 +3,9 @@
 Each GGUF (the real SmolLM2 file, and small ones written here with ``gguf.GGUFWriter`` from
 vocabularies the tokenizers library trains) is turned into a folder by
 ``write_tokenizer_files``, loaded by ``ortgen.text`` and compared with transformers' GGUF
-tokenizer (``AutoTokenizer.from_pretrained(dir, gguf_file=...)``) after the corrections
-ortgen's transformers-based GGUF import applies (``ortgen.export.gguf``: special tokens and
-BOS/EOS from the header, no decode clean-up, byte-level decoding): ids with and without
+tokenizer (``AutoTokenizer.from_pretrained(dir, gguf_file=...)``) after the header's
+corrections (``tests/gguf_hf_reference.py``: special tokens and BOS/EOS from the header, no
+decode clean-up, byte-level decoding): ids with and without
 special tokens, decoded text, the special/added tokens and the chat prompt. Where
 transformers reads the metadata wrongly the test pins the difference and what ortgen
 matches instead (the original tokenizer, as llama.cpp reads the file).
@@ -29,6 +29,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from ortgen.errors import ExportError
 from ortgen.gguf.tokenizer import build_tokenizer, write_tokenizer_files
 from ortgen.text import Tokenizer as OrtgenTokenizer
+from tests.gguf_hf_reference import transformers_tokenizer
 
 CORPUS = [
     "Hello, world! The quick brown fox jumps over the lazy dog.",
@@ -186,29 +187,6 @@ def gguf_ids(tokens: list[str], **roles: str) -> dict[str, int]:
 
 
 # ---------------------------------------------------------------- the two sides
-
-
-def transformers_tokenizer(path: Path, reader: gguf.GGUFReader | None = None) -> Any:
-    """transformers' GGUF tokenizer with ortgen's corrections (``ortgen.export.gguf``).
-
-    ``reader``: the file's header, already read, handed to transformers instead of reading
-    it twice more (the SmolLM2 header takes seconds to parse)."""
-    from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    from ortgen.export.gguf import _fix_gguf_tokenizer, _gguf_tokenizer_metadata
-
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        with pytest.MonkeyPatch.context() as patch:
-            if reader is not None:
-                patch.setattr(gguf, "GGUFReader", lambda *_args, **_kw: reader)
-            tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-            _fix_gguf_tokenizer(tok, _gguf_tokenizer_metadata(path), path)
-    finally:
-        hf_logging.set_verbosity(verbosity)
-    return tok
 
 
 def ortgen_tokenizer(source: Any, dest: Path) -> OrtgenTokenizer:

@@ -1,7 +1,8 @@
 """Export a Hugging Face model folder or a GGUF file to an ONNX folder ortgen can load.
 
-A GGUF file is first converted to a transformers folder (``ortgen.export.gguf``); the
-graph is then built by the variant's family (``fused``: onnxruntime-genai's model builder;
+A GGUF file is first converted to a transformers folder (``ortgen.export.gguf``: the
+weights dequantised by transformers, the tokenizer ortgen's GGUF builder's); the graph is
+then built by the variant's family (``fused``: onnxruntime-genai's model builder;
 ``optimum``: optimum's exporter, optionally quantised). The export stack is heavy and
 optional, so it is imported only inside the functions that need it.
 
@@ -70,7 +71,8 @@ def export_model(
     with past-key-value inputs and outputs. A ``.gguf`` source goes through a dequantised
     transformers folder, so its weights are the variant's (fp32, or re-quantised to
     int8/int4); ortgen's GGUF builder (``ortgen export FILE.gguf OUT``,
-    ``ortgen.load("FILE.gguf")``) keeps the file's own. ``out`` is only ever replaced as
+    ``ortgen.load("FILE.gguf")``) keeps the file's own. Its tokenizer is the builder's
+    either way (:mod:`ortgen.export.gguf`). ``out`` is only ever replaced as
     a whole, at the end, so a failure leaves it as it was. An existing finished export is
     replaced only with ``overwrite=True``; an existing non-empty folder that is not an
     export is never touched without ``overwrite=True``.

@@ -20,9 +20,8 @@ What the result follows, and why:
   dropped by ``decode(skip_special_tokens=True)``); USER_DEFINED (4) pieces are plain added
   tokens, matched whole as llama.cpp does. BOS/EOS are added as
   ``tokenizer.ggml.add_bos_token``/``add_eos_token`` say (llama.cpp's default when a flag
-  is missing), and the special-token strings are the pieces at the header's ids: what
-  ortgen's transformers-based GGUF import (``ortgen.export.gguf``) corrects transformers'
-  guesses to.
+  is missing), and the special-token strings are the pieces at the header's ids (where
+  transformers guesses: for SmolLM2 it takes <|im_start|> for EOS and prepends a BOS).
 * Otherwise the result equals transformers' GGUF tokenizer (``AutoTokenizer.from_pretrained(
   dir, gguf_file=...)``) with those corrections, in ids, decoded text and special tokens,
   for the architecture that normally carries the vocabulary. Where transformers reads the
@@ -30,6 +29,10 @@ What the result follows, and why:
   ``tokenizer.ggml.pre`` and most token types, builds a Unigram model for Gemma, drops
   Phi-3's spaces) ortgen follows the file instead; :mod:`.tokenizer_gpt2` and
   :mod:`.tokenizer_spm` say where, and the tests pin each difference.
+
+This is the one reading of a GGUF's tokenizer in ortgen: the builder (:mod:`.build`) and
+the ``export`` extra's GGUF path (``ortgen.export.gguf``, which takes only the weights
+from transformers) both write the folder with :func:`write_tokenizer_files`.
 """
 
 from __future__ import annotations
