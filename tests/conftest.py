@@ -8,6 +8,7 @@ import fcntl
 import os
 import re
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,16 @@ from hypothesis import HealthCheck, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from tests.tiny_models import TINY_ARCHS, export_backbone, export_tiny, export_without_past
+
+# torch (the references: transformers' models) on one thread. On a 2-core machine its
+# OpenMP workers spin against onnxruntime's and against each other: transformers' beam
+# search with stop strings on the default model took 50-57 s with torch's default 2
+# threads and 3.6 s with 1 (measured on this project's CI VM). onnxruntime has its own
+# thread pool and does not read OMP_NUM_THREADS; numpy's BLAS does, and is not on a hot
+# path here.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+if "torch" in sys.modules:  # imported before this file (a plugin): tell it directly
+    sys.modules["torch"].set_num_threads(1)
 
 # Hypothesis profiles of the fuzz tests (tests/test_fuzz_*.py, tests/fuzz_settings.py):
 # in `make test` each fuzz test runs its own few examples and keeps no database;

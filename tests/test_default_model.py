@@ -62,14 +62,16 @@ def test_fp32_fused_greedy_equals_transformers_on_the_same_weights(reference_gen
     assert len(expected) == 32
 
 
-#: The default variant against the fp32 graph on the evaluation text, teacher-forced: the
-#: measured figures less a stated margin (the variant rule itself, "within 5% of fp32",
-#: chose the variant; these catch a regression far smaller than that). Measured: perplexity
-#: ratio 0.995 (18.41 vs 18.51, AMD EPYC VM, 2021 tokens; +0.4% to +0.6% on earlier graphs
-#: and CPUs), top-1 agreement 0.952 (0.95-0.96 before). Margins: 0.4 points of perplexity
-#: over the highest ratio measured, 0.01 of agreement under the lowest.
-MAX_PERPLEXITY_RATIO = 1.01
-MIN_AGREEMENT = 0.94
+#: The default variant against the fp32 graph on the evaluation text, teacher-forced. The
+#: int8-activation graph's perplexity is defined only to about +-1%: one-ulp changes to its
+#: rotary tables (torch's float32 tables, numpy's correctly rounded ones, three random
+#: one-ulp perturbations of 5% of their entries) gave ratios 0.995, 1.008, 1.005, 1.003 and
+#: 1.012 and top-1 agreements 0.952, 0.962, 0.956, 0.956 and 0.951 (AMD EPYC Zen 3, 2021
+#: tokens); another CPU's int8 rounding is a perturbation of that kind. So the bounds sit
+#: outside that spread (ratio 1.03, agreement 0.93) and far inside what a real regression
+#: does (the variant rule allows 5%; re-quantising to int4 costs +49-61%).
+MAX_PERPLEXITY_RATIO = 1.03
+MIN_AGREEMENT = 0.93
 
 
 def test_the_default_variant_passes_the_quality_rule(default_gen, reference_gen):

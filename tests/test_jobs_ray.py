@@ -14,10 +14,12 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,9 +57,13 @@ def ray_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = _free_port()
     temp = tmp_path_factory.mktemp("ray")
     log = temp / "head.log"
+    # Ray's sockets live under --temp-dir, and a Unix socket path may not pass 107 bytes:
+    # pytest's temp path (longer under pytest-xdist: popen-gwN) plus Ray's session folder
+    # does, so the cluster gets a short folder of its own, removed with it
+    short = Path(tempfile.mkdtemp(prefix="ortgen-ray-"))
     args = [str(RAY), "start", "--head", "--block", "--port", str(port)]
     args += ["--node-ip-address", "127.0.0.1", "--num-cpus", "2", "--include-dashboard=false"]
-    args += ["--temp-dir", str(temp / "t"), "--disable-usage-stats"]
+    args += ["--temp-dir", str(short), "--disable-usage-stats"]
     env = _env()
     with log.open("wb") as out:
         head = subprocess.Popen(
@@ -79,6 +85,7 @@ def ray_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(head.pid, signal.SIGKILL)
         head.wait()
+        shutil.rmtree(short, ignore_errors=True)
 
 
 def _pipeline(tmp_path: Path, model: Path, **run: int) -> Path:
