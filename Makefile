@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test lint fuzz docs model default-model bytecode bench peers compare clean-models
+.PHONY: run test lint fuzz docs model default-model bytecode bench peers compare gguf-bench clean-models
 
 run: default-model
 	$(BIN)/ortgen chat "What is the capital of Germany?" --max-new-tokens 64
@@ -55,6 +55,11 @@ peers: default-model
 
 compare: peers
 	$(BIN)/python benchmarks/compare.py
+
+# GGUF files as users bring them (issue 37): the default GGUF re-quantised by llama.cpp's
+# own quantiser (setup_peers.sh makes them), ortgen against llama.cpp on each file.
+gguf-bench: peers
+	$(BIN)/python benchmarks/gguf.py
 
 # The venv: everything from the project's own files. torch is pinned in the
 # `export` extra to the CPU wheel (any other spec may pull a multi-GB CUDA build).

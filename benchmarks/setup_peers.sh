@@ -15,7 +15,13 @@
 # benchmarks/.models/ (git-ignored); the default model's GGUF comes from the main venv's
 # `ortgen export --default` when `make model` has not run yet.
 #
-# Usage: bash benchmarks/setup_peers.sh [--no-llama] [--no-models]
+# GGUF files as users bring them (benchmarks/gguf.py, issue 37): the default GGUF re-quantised
+# by llama.cpp's own quantiser to Q4_K_M, Q5_K_M, Q6_K, Q8_0 and Q4_0, beside the published
+# Q4_1, in benchmarks/.models/gguf/ (benchmarks/gguf_files.py: an F32 GGUF written with gguf-py
+# in the main venv, then llama-cpp-python's llama_model_quantize in the peers venv). This step
+# runs with --no-models too (it needs llama-cpp-python, not the genai models); --no-gguf skips it.
+#
+# Usage: bash benchmarks/setup_peers.sh [--no-llama] [--no-models] [--no-gguf]
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -34,10 +40,12 @@ TRANSFORMERS_SPEC="${PEERS_TRANSFORMERS:-transformers>=5,<6}"
 
 DO_LLAMA=1
 DO_MODELS=1
+DO_GGUF=1
 for arg in "$@"; do
   case "$arg" in
     --no-llama) DO_LLAMA=0 ;;
     --no-models) DO_MODELS=0 ;;
+    --no-gguf) DO_GGUF=0 ;;
     *) echo "unknown option: $arg" >&2; exit 2 ;;
   esac
 done
@@ -140,6 +148,38 @@ EOF
       rm -rf "$MODELS/.builder-cache-$prec"
     fi
   done
+fi
+
+# --- 5. GGUF files re-quantised by llama.cpp (benchmarks/gguf.py) ---------------------------
+if [ "$DO_GGUF" = 1 ]; then
+  if ! "$PY" -c "import llama_cpp" 2>/dev/null; then
+    log "skipping the GGUF files: llama-cpp-python is not built (run without --no-llama)"
+  else
+    GGUF_DIR="$MODELS/gguf"
+    mkdir -p "$GGUF_DIR"
+    if [ ! -f "$GGUF" ]; then
+      log "no $GGUF yet: downloading the default GGUF (main venv)"
+      "$MAIN_PY" -c "import sys; from ortgen.gguf.default_model import download_default_gguf; \
+download_default_gguf(sys.argv[1])" "$(dirname "$GGUF")"
+    fi
+    ln -sf "$GGUF" "$GGUF_DIR/SmolLM2-135M-Instruct.Q4_1.gguf"
+    F32="$GGUF_DIR/SmolLM2-135M-Instruct.F32.gguf"
+    for kind in Q4_K_M Q5_K_M Q6_K Q8_0 Q4_0; do
+      OUT="$GGUF_DIR/SmolLM2-135M-Instruct.$kind.gguf"
+      [ -f "$OUT" ] && continue
+      if [ ! -f "$F32" ]; then
+        log "writing $F32 (every tensor dequantised, main venv)"
+        "$MAIN_PY" "$HERE/gguf_files.py" f32 "$GGUF" "$F32"
+      fi
+      log "llama.cpp quantiser: $kind -> $OUT (its log: $OUT.log)"
+      if ! "$PY" "$HERE/gguf_files.py" quantize "$F32" "$OUT" "$kind" >"$OUT.log" 2>&1; then
+        tail -5 "$OUT.log" >&2
+        exit 1
+      fi
+    done
+    rm -f "$F32"  # 540 MB, only the quantiser's input
+    log "GGUF files in $GGUF_DIR: $(cd "$GGUF_DIR" && ls ./*.gguf | tr '\n' ' ')"
+  fi
 fi
 
 log "done: $VENV (models in $MODELS; compare.py makes the optimum fp32 folder on first use)"
