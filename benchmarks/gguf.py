@@ -230,7 +230,11 @@ print(json.dumps({
 
 #: ortgen builds scored besides the default (``--variants``): MatMulNBits at accuracy level 0
 #: (float activations, the same exact weights), and every weight dequantised to float32 (the
-#: file's own network in float arithmetic: a reference both engines are compared with)
+#: file's own network in float arithmetic: a reference both engines are compared with). a0
+#: is slow on files with 8-bit layouts (Q5_*, Q6_K, Q8_0, and the default file's Q8_0 head):
+#: onnxruntime 1.32's 8-bit MatMulNBits at level 0 runs a fallback, ~5 ms a call against
+#: ~0.2 ms at level 4 (576 x 1536, 1 thread, measured 2026-12-04 on a busy machine), so
+#: scoring one such file takes 15 minutes or more.
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "a0": {"accuracy_level": 0},
