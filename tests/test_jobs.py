@@ -185,6 +185,21 @@ def test_bad_rows_become_error_rows_and_the_job_goes_on(tiny_llama_gen, tmp_path
     assert (summary.rows_ok, summary.errors) == (2, 8)
 
 
+def test_a_line_separator_in_a_row_never_splits_its_result_line(tiny_llama_gen, tmp_path):
+    """JSON keeps U+2028, U+2029 and U+0085 raw inside strings, and str.splitlines() (and
+    JavaScript's line readers) split on them: an id or an error message holding one must
+    still be one line (fuzzing found an error message that split a row in two)."""
+    odd = "a\u2028b\u2029c\x85d"
+    rows = [
+        {"id": f"id{odd}", "prompt": [1, 2, 3]},
+        {"id": "bad", "messages": [{"content": odd}]},  # an error naming the message
+    ]
+    source, out = write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out.jsonl"
+    run_job(tiny_llama_gen, source, out, settings=GREEDY, progress=None)
+    results = read_results(out)  # splitlines(): one line per row, each JSON
+    assert set(results) == {f"id{odd}", "bad"} and "error" in results["bad"]
+
+
 def test_duplicate_ids_stop_the_job_before_it_starts(tiny_llama_gen, tmp_path):
     rows = [{"id": "a", "prompt": [1]}, {"prompt": [2]}, {"id": "a", "prompt": [3]}]
     with pytest.raises(ortgen.InputError, match="line 3: id 'a' is also the id of line 1"):

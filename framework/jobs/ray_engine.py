@@ -36,7 +36,7 @@ import numpy as np
 from .. import config as config_mod
 from ..errors import ConfigError, OrtgenError
 from .progress import JobSummary, Progress
-from .results import open_results
+from .results import open_results, result_line
 from .rows import InputRow, RowChecker, id_key, read_rows
 from .runner import (
     RowRunner,
@@ -188,7 +188,7 @@ class _Worker:
     def __call__(self, batch: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
         rows = [_decode(str(text), self.checker) for text in batch["row"]]
         for records in self.runner.run_window(rows):  # each batch back as soon as it is done
-            lines = [json.dumps(r, ensure_ascii=False) for r in records]
+            lines = [result_line(r) for r in records]
             yield {"line": np.array(lines, dtype=object)}
 
 

@@ -29,10 +29,23 @@ from ..errors import InputError, OutputError
 from .output_lock import OutputLock
 from .rows import id_key, is_parquet
 
-__all__ = ["ResultLog", "open_results"]
+__all__ = ["ResultLog", "open_results", "result_line"]
 
 #: the end of every write-fault message: what to do, and that nothing was lost
 _RERUN = "run the same command again to continue"
+
+
+#: Characters some readers take for a line end although JSON keeps them raw in a string:
+#: Python's str.splitlines() splits on U+0085, U+2028 and U+2029 (JSON escapes the other
+#: ones it knows, all below U+0020), and so do JavaScript's line readers for the last two.
+_LINE_BREAKS = {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+_LINE_BREAK_TABLE = str.maketrans(_LINE_BREAKS)
+
+
+def result_line(record: dict[str, Any]) -> str:
+    """One result as one JSON line, without a character any line reader splits on
+    (fuzzing found an error message holding a U+2028 that split a row in two)."""
+    return json.dumps(record, ensure_ascii=False).translate(_LINE_BREAK_TABLE)
 
 
 class ResultLog:
@@ -116,7 +129,7 @@ class ResultLog:
         batch if all of it was written, and otherwise cuts it back the same way."""
         assert self._fd is not None, "open() first"
         batch = list(records)
-        data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in batch).encode()
+        data = "".join(result_line(r) + "\n" for r in batch).encode()
         start = os.fstat(self._fd).st_size  # the only writer: the lock says so
         try:
             view = memoryview(data)
@@ -188,7 +201,7 @@ class ParquetResults(ResultLog):
         from .parquet import read_parquet_results
 
         seed = self.path.with_name(self.path.name + ".tmp")
-        lines = (json.dumps(r, ensure_ascii=False) + "\n" for r in read_parquet_results(self.final))
+        lines = (result_line(r) + "\n" for r in read_parquet_results(self.final))
         seed.write_text("".join(lines), encoding="utf-8")
         os.replace(seed, self.path)
 
