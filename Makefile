@@ -12,12 +12,14 @@ run: default-model
 	$(BIN)/ortgen chat "What is the capital of Germany?" --max-new-tokens 64
 
 # ruff (lint and format) and the type checker first (the import contract runs inside
-# the tests: tests/test_layers.py), then the suite.
+# the tests: tests/test_layers.py), then the suite on every core: pytest-xdist, a test file
+# to one worker (its module fixtures, e.g. a server, start once). ~8 min on 2 cores
+# (11.6 min on one): docs/cli.md says what it covers.
 test: default-model
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n auto --dist loadfile
 
 # The fuzz tests (tests/test_fuzz_*.py) for longer: `make test` runs them bounded (a few
 # dozen examples each, ~20 s in all); the "fuzz" hypothesis profile (tests/conftest.py)

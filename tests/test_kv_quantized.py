@@ -391,7 +391,7 @@ def _fp16_past_logits(gen, tokens: list[int], start: int = 8) -> np.ndarray:
 
 @pytest.mark.default_model
 def test_default_model_teacher_forced_agreement(default_gen, reference_gen) -> None:
-    """~200 positions of STORY. On the same weights at fp32, 8 bits agree with static at
+    """~150 positions of STORY. On the same weights at fp32, 8 bits agree with static at
     >= 95%. On the int4 default model they agree about as well as a past merely rounded
     to float16 does: its own activation rounding is what flips argmaxes there (module doc),
     so the bounds there are relative to that floor, measured in the same run on the same
@@ -399,7 +399,7 @@ def test_default_model_teacher_forced_agreement(default_gen, reference_gen) -> N
     found = {}
     for name, loaded in (("int4", default_gen), ("fp32", reference_gen)):
         gen = ortgen.load(loaded.path, threads=1)  # as measured (module doc)
-        tokens = gen.tokenizer.encode(STORY)[:210]
+        tokens = gen.tokenizer.encode(STORY)[:160]
         ref = _forced_logits(gen, tokens, "static").argmax(axis=1)
         for label, cache in (("8", "quantized"), ("4", Q4)):
             found[name, label] = float((_forced_logits(gen, tokens, cache).argmax(1) == ref).mean())
@@ -409,11 +409,12 @@ def test_default_model_teacher_forced_agreement(default_gen, reference_gen) -> N
     assert found["fp32", "8"] >= 0.95  # measured 0.99
     assert found["fp32", "4"] >= 0.83  # 0.88
     # on the int8-activation graph the noise floor is the graph's own (a past rounded to
-    # float16 flips argmaxes too, and how many depends on the CPU): the caches are judged
-    # against that floor measured in the same run. Measured: 8 bits 0.89, 4 bits 0.85,
-    # float16 0.91 (AMD EPYC Zen 3)
+    # float16 flips argmaxes too, and how many depends on the CPU): 8 bits are judged
+    # against that floor measured in the same run, 4 bits against their own cost at fp32
+    # (CPU-stable) less what int8 noise adds. Measured (AMD EPYC Zen 3, 160 tokens): 8 bits
+    # 0.967, 4 bits 0.856, float16 0.967 (fp32: 1.0, 0.895, 1.0); a broken cache: < 0.5
     assert found["int4", "8"] >= found["int4", "fp16"] - 0.05
-    assert found["int4", "4"] >= found["int4", "fp16"] - 0.12
+    assert found["int4", "4"] >= found["fp32", "4"] - 0.10
 
 
 # ------------------------------------------------------------------- exact recent positions
