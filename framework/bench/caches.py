@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .speed import BenchSettings, run_bench
+from .speed import BenchSettings, load_for, run_bench
 
 #: the backend every other one is compared with: it holds every position as computed
 BASELINE = "dynamic"
@@ -55,10 +55,9 @@ def _add_quality(
     settings: BenchSettings, caches: list[dict[str, Any]], reports: list[dict[str, Any]]
 ) -> None:
     """Teacher-forced perplexity per backend and top-1 agreement with ``dynamic``."""
-    from ..api import load
     from .quality import eval_ids, score_tokens
 
-    gen = load(settings.model, threads=settings.threads, spin_us=settings.spin_us)
+    gen = load_for(settings)
     if gen.tokenizer is None:
         return
     ids = eval_ids(gen)[: settings.eval_tokens]

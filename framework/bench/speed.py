@@ -34,6 +34,9 @@ class BenchSettings:
     reference: str | None = None
     trace: bool = False  # add "trace": [context length, step ms, KV bytes] per decode step
     eval_tokens: int | None = None  # score only the first N tokens of the evaluation text
+    #: ``--plugin`` values (module names or .py files), imported where the model loads:
+    #: strings, so a backend's own process (``--cache``, spawned) can import them too
+    plugins: tuple[str, ...] = ()
 
 
 class _TimedSession:
@@ -70,12 +73,19 @@ def prompts_for(gen: Any, settings: BenchSettings) -> list[list[int]]:
     return rows
 
 
+def load_for(settings: BenchSettings) -> Any:
+    """The generator the settings name, with their ``--plugin`` modules."""
+    from ..api import load
+    from ..plugin_manager import import_plugin
+
+    plugins = [import_plugin(spec) for spec in settings.plugins]
+    return load(settings.model, threads=settings.threads, spin_us=settings.spin_us, plugins=plugins)
+
+
 def run_bench(settings: BenchSettings) -> dict[str, Any]:
     """Measure one model folder; returns the report (the ``--json`` keys)."""
-    from ..api import load
-
     started = time.perf_counter()
-    gen = load(settings.model, threads=settings.threads, spin_us=settings.spin_us)
+    gen = load_for(settings)
     load_s = time.perf_counter() - started
     prompts = prompts_for(gen, settings)
     call = dict(settings.settings or {})

@@ -10,6 +10,8 @@ from ..errors import OrtgenError
 from .structured import structured_settings
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
     from ..api import TextGenerator
 
 SAMPLING_FLAGS = (
@@ -24,8 +26,8 @@ SAMPLING_FLAGS = (
 def add_model_flags(
     parser: argparse.ArgumentParser, *, pipeline: bool = True, several: bool = False
 ) -> None:
-    """``-m/--model`` (repeatable with ``several``), ``--threads``, ``--spin-us`` and
-    (unless told not to) ``--pipeline``."""
+    """``-m/--model`` (repeatable with ``several``), ``--threads``, ``--spin-us``,
+    ``--plugin`` and (unless told not to) ``--pipeline``."""
     if several:
         parser.add_argument(
             "-m",
@@ -47,6 +49,7 @@ def add_model_flags(
         help="microseconds an idle onnxruntime thread spins before it sleeps (0: never; "
         "default: a short spin, see docs/cli.md)",
     )
+    add_plugin_flag(parser)
     if pipeline:
         add_pipeline_flag(parser)
 
@@ -57,6 +60,26 @@ def add_pipeline_flag(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="pipeline file (TOML): the pipeline layer of the config, its model and plugins",
     )
+
+
+def add_plugin_flag(parser: argparse.ArgumentParser) -> None:
+    """``--plugin SPEC``, repeatable: the same flag, read the same way
+    (``ortgen.plugin_manager.import_plugin``), on every command that loads plugins."""
+    parser.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE|FILE.py",
+        help="register a plugin that is not installed: an importable module (my_pkg.plugin) "
+        "or a Python file (./my_plugin.py), as load(plugins=[...]); repeatable",
+    )
+
+
+def plugins_of(args: argparse.Namespace) -> list[ModuleType]:
+    """The ``--plugin`` modules, imported in the order given (an error names the flag)."""
+    from ..plugin_manager import import_plugin
+
+    return [import_plugin(spec) for spec in getattr(args, "plugin", [])]
 
 
 def add_generation_flags(
@@ -148,7 +171,7 @@ def component_spec(text: str, flag: str = "--cache") -> dict[str, Any]:
 
 
 def load_generator(args: argparse.Namespace) -> TextGenerator:
-    """The model the flags name (``-m``, ``--pipeline``, threads)."""
+    """The model the flags name (``-m``, ``--pipeline``, threads, ``--plugin``)."""
     from ..api import load
 
     return load(
@@ -156,4 +179,5 @@ def load_generator(args: argparse.Namespace) -> TextGenerator:
         threads=args.threads,
         spin_us=args.spin_us,
         pipeline=getattr(args, "pipeline", None),
+        plugins=plugins_of(args),
     )

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from ..errors import OrtgenError
-from .args import add_generation_flags, add_model_flags, component_spec, settings_of
+from .args import add_generation_flags, add_model_flags, component_spec, plugins_of, settings_of
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
@@ -50,6 +50,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise OrtgenError(f"{flag} must be at least 1, got {value}")
     if args.prompt_tokens < 1:
         raise OrtgenError(f"--prompt-tokens must be at least 1, got {args.prompt_tokens}")
+    plugins_of(args)  # a --plugin that cannot be imported fails here, before any run
     settings = BenchSettings(
         model=args.model,
         prompt_tokens=args.prompt_tokens,
@@ -62,6 +63,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         quality=not args.no_quality,
         reference=args.reference,
         eval_tokens=args.eval_tokens,
+        plugins=tuple(args.plugin),
     )
     if args.cache:  # backends side by side, each in its own process
         from ..bench.caches import compare_caches, format_table

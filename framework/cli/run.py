@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import OrtgenError
 from ..pipeline import ENGINES
-from .args import add_generation_flags, add_model_flags, settings_of
+from .args import add_generation_flags, add_model_flags, plugins_of, settings_of
 from .structured import add_structured_flags
 
 
@@ -41,13 +41,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     Everything that can be checked without the model is checked before it loads."""
     from ..jobs import run_job
     from ..pipeline import load_pipeline
+    from ..plugin_manager import build_registry, make_plugin_manager
 
-    pipeline = load_pipeline(args.pipeline)
+    plugins = plugins_of(args)
+
+    def registry_for(disable: tuple[str, ...]) -> Any:  # the file may name their components
+        return build_registry(make_plugin_manager(disable=disable, extra=plugins))
+
+    pipeline = load_pipeline(args.pipeline, registry=registry_for)
     settings = settings_of(args)
     batch_size = pipeline.run.batch_size if args.batch_size is None else args.batch_size
     if batch_size < 1:
         raise OrtgenError(f"--batch-size must be at least 1, got {batch_size}")
     engine = args.engine or pipeline.run.engine
+    if engine == "ray" and plugins:
+        raise OrtgenError(
+            "--plugin is for the local engine: Ray workers import plugins through their "
+            "entry points, so install the plugin package where the workers run"
+        )
     if engine != "ray" and (args.address is not None or args.workers is not None):
         raise OrtgenError("--address and --workers are for the ray engine (--engine ray)")
     if args.workers is not None and args.workers < 1:
@@ -80,7 +91,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         from ..api import load
 
-        gen = load(args.model, pipeline=pipeline, threads=args.threads, spin_us=args.spin_us)
+        gen = load(
+            args.model,
+            pipeline=pipeline,
+            threads=args.threads,
+            spin_us=args.spin_us,
+            plugins=plugins,
+        )
         job = functools.partial(run_job, gen)
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:

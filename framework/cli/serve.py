@@ -31,7 +31,6 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' ($ORTGEN_API_KEY)")
     p.add_argument("--grace", type=float, default=10.0, help="SIGTERM: seconds to finish (10)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest body (1 MiB)")
-    p.add_argument("--plugin", action="append", default=[], metavar="MODULE", help="a plugin")
     p.add_argument(
         "--cache",
         dest="cache_spec",

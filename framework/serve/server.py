@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import os
 import socket
 import sys
@@ -24,6 +23,7 @@ from types import FrameType
 import uvicorn
 
 from ..errors import OrtgenError
+from ..plugin_manager import import_plugin
 from .app import build_app
 from .engine import Engine, EngineStats
 from .model_pool import ModelPool, ModelSource, ServedModel
@@ -34,7 +34,7 @@ from .state import ServerState
 def main(args: argparse.Namespace) -> int:
     """Run the server until SIGTERM/SIGINT; 0 after a clean drain."""
     _check_flags(args)
-    plugins = [_import_plugin(name) for name in args.plugin]
+    plugins: list[object] = [import_plugin(spec) for spec in args.plugin]
     sources = model_sources(args.model or [], args.models_dir)
     load = _loader(args, plugins)
     if sources:
@@ -102,15 +102,6 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise OrtgenError(f"--port must be at most 65535, got {args.port}")
     if args.grace < 0:
         raise OrtgenError(f"--grace must be >= 0 seconds, got {args.grace}")
-
-
-def _import_plugin(name: str) -> object:
-    """``--plugin MODULE``: a module with ``@hookimpl`` functions, registered like
-    ``load(plugins=[module])`` (pipeline files cannot import code; this flag can)."""
-    try:
-        return importlib.import_module(name)
-    except ImportError as exc:
-        raise OrtgenError(f"--plugin {name}: cannot import it: {exc}") from None
 
 
 def _bind(host: str, port: int) -> socket.socket:
