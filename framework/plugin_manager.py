@@ -135,7 +135,7 @@ class PluginManager(pluggy.PluginManager):
         if self.has_plugin(name):
             return self.fail(
                 name, origin, source,
-                f"its name is taken by another plugin object, {self.describe(name)}; "
+                f"its name is taken by another plugin object: {self.describe(name)}; "
                 "rename one, or disable the installed one",
             )  # fmt: skip
         try:

@@ -398,13 +398,19 @@ def test_plugins_text_lists_every_component_with_its_plugin() -> None:
     assert text.returncode == as_json.returncode == 0
     report = json.loads(as_json.stdout)
     kinds = ["logits_processor", "sampler", "stopping_criterion", "kv_cache", "drafter"]
-    assert list(report) == kinds
+    assert list(report) == [*kinds, "plugins"]
     expected = []
-    for kind, entries in report.items():
+    for kind in kinds:
         expected.append(f"{kind}:")
-        for e in entries:
+        for e in report[kind]:
             params = ", ".join(e["parameters"])
             expected.append(f"  {e['name']:<22} {e['plugin']:<28} ({params})")
+    # then the plugins: here only the built-ins, every one loaded, folded into one line
+    assert {(p["origin"], p["status"]) for p in report["plugins"]} == {("built-in", "loaded")}
+    expected += [
+        "plugins:",
+        f"  ortgen.plugins.* loaded   built-in ({len(report['plugins'])} modules)",
+    ]
     assert text.stdout.splitlines() == expected
     # the lines docs/cli.md and docs/plugins.md show, verbatim
     lines = text.stdout.splitlines()
