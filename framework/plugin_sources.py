@@ -57,6 +57,11 @@ def _import_file(spec: str) -> ModuleType:
     if not path.is_file():
         raise PluginError(f"--plugin {spec}: no such file")
     name = path.stem
+    if name == "__init__":
+        raise PluginError(
+            f"--plugin {spec}: a package is given by name (--plugin {path.parent.name}, "
+            "with its parent folder on PYTHONPATH), not by its __init__.py"
+        )
     if not name.isidentifier():
         raise PluginError(f"--plugin {spec}: {name!r} is not a Python module name; rename the file")
     loaded = sys.modules.get(name)

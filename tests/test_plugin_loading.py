@@ -213,8 +213,8 @@ def test_two_plugin_objects_under_one_name_are_one_line_naming_both(site: Path) 
         f"plugin {name!r}: its name is taken by another plugin object: plugin {name!r}; "
         "rename one, or disable the installed one"
     )
-    other = add_module(site, "pl_test_other", FORCE.replace('"force"', '"x"'))
-    module = import_plugin(str(other))
+    add_module(site, "pl_test_other", FORCE.replace('"force"', '"x"'))
+    module = import_plugin("pl_test_other")
     module.__name__ = "good"  # an in-process module named like the installed plugin
     with pytest.raises(ortgen.PluginError) as info:
         make_plugin_manager(extra=[module])
@@ -298,6 +298,7 @@ def test_a_plugin_file_is_imported_once_under_its_stem(tmp_path: Path) -> None:
         ),
         ("pl-test.py", FORCE, "'pl-test' is not a Python module name; rename the file"),
         ("missing.py", None, "no such file"),
+        ("__init__.py", FORCE, r"a package is given by name \(--plugin test_a_plugin_file_that"),
     ],
 )
 def test_a_plugin_file_that_cannot_be_imported(tmp_path: Path, name, source, message) -> None:
