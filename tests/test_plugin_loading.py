@@ -310,6 +310,18 @@ def test_a_plugin_file_that_cannot_be_imported(tmp_path: Path, name, source, mes
     assert "pl_test_fails" not in sys.modules
 
 
+def test_a_plugin_file_never_hides_an_importable_module(site: Path, tmp_path: Path) -> None:
+    """Imported under its stem, a file named like a module not imported yet (the user's
+    ``plugin.py`` and someone's ``plugin`` package) would take that module's place for
+    the whole process."""
+    add_module(site, "pl_test_taken", "VALUE = 1\n")
+    path = tmp_path / "pl_test_taken.py"
+    path.write_text(FORCE)
+    with pytest.raises(ortgen.PluginError, match=r"it would hide the module 'pl_test_taken' \("):
+        import_plugin(str(path))
+    assert "pl_test_taken" not in sys.modules
+
+
 def test_a_plugin_module_that_cannot_be_imported(site: Path) -> None:
     with pytest.raises(ortgen.PluginError, match=r"no module of that name on sys.path .*\./pl"):
         import_plugin("pl_test_nowhere.sub")
