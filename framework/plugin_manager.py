@@ -59,7 +59,7 @@ ENTRY_POINT_GROUP = "ortgen"
 #: the package whose ``BUILTIN_PLUGINS`` lists the built-in plugin modules
 BUILTIN_PACKAGE = "ortgen.plugins"
 #: comma-separated entry-point names of installed plugins to skip, like pluggy's
-#: ``set_blocked``; built-in module names in it are ignored (see ``_env_disabled``)
+#: ``set_blocked``; it never disables a built-in (see ``_env_disabled``)
 DISABLE_ENV = "ORTGEN_DISABLE_PLUGINS"
 
 BUILTIN, INSTALLED, IN_PROCESS, UNKNOWN = "built-in", "installed", "in-process", "unknown"
@@ -104,7 +104,7 @@ class PluginManager(pluggy.PluginManager):
         """Every plugin seen, in registration order, then disabled names no plugin had."""
         seen = {info.name for info in self._infos}
         unmatched = [
-            PluginInfo(name, UNKNOWN, "disabled", "no plugin has this name", by)
+            PluginInfo(name, UNKNOWN, "disabled", cause=by)
             for name, by in self._disabled_by.items()
             if name not in seen
         ]
@@ -115,9 +115,16 @@ class PluginManager(pluggy.PluginManager):
         return next((i for i in self._infos if i.name == name and i.status == "loaded"), None)
 
     def disable(self, name: str, by: str) -> None:
-        """Skip every plugin named ``name`` (pluggy's ``set_blocked``), noting ``by``."""
+        """Skip the plugins named ``name``, noting ``by``: any plugin (pluggy's
+        ``set_blocked``), or only an installed one when ``by`` is the environment, whose
+        names are entry-point names (a ``--plugin`` module of that name still loads)."""
         self._disabled_by.setdefault(name, by)
-        self.set_blocked(name)
+        if by != DISABLE_ENV:
+            self.set_blocked(name)
+
+    def entry_point_disabled(self, name: str) -> bool:
+        """Whether an installed plugin named ``name`` is skipped before its import."""
+        return name in self._disabled_by
 
     def note_disabled(self, name: str, origin: str, source: str | None = None) -> None:
         """A plugin that was not even imported because ``name`` is disabled."""
@@ -133,10 +140,15 @@ class PluginManager(pluggy.PluginManager):
         if self.is_blocked(name):
             return self.note_disabled(name, origin, source)
         if self.has_plugin(name):
+            holder = self.info(name)
+            hint = (
+                f"disable the installed one (disable_plugins=[{name!r}]) to use this one"
+                if holder is not None and holder.origin == INSTALLED and origin != INSTALLED
+                else "two plugin objects cannot share a name"
+            )
             return self.fail(
                 name, origin, source,
-                f"its name is taken by another plugin object: {self.describe(name)}; "
-                "rename one, or disable the installed one",
+                f"its name is taken by another plugin object: {self.describe(name)}; {hint}",
             )  # fmt: skip
         try:
             self.register(plugin, name=name)
@@ -219,10 +231,9 @@ def make_plugin_manager(
         else:
             pm.add(importlib.import_module(module_name), module_name, BUILTIN)
     if load_entry_points:
-        env_disabled = _env_disabled(builtins)
-        if env_disabled or _entry_points_may_exist(ENTRY_POINT_GROUP):
-            for name in env_disabled:
-                pm.disable(name, DISABLE_ENV)
+        for name in _env_disabled(builtins):
+            pm.disable(name, DISABLE_ENV)
+        if _entry_points_may_exist(ENTRY_POINT_GROUP):
             for entry_point in _entry_points(ENTRY_POINT_GROUP):
                 _add_entry_point(pm, entry_point)
     for plugin in extra:
@@ -231,23 +242,23 @@ def make_plugin_manager(
 
 
 def _env_disabled(builtins: tuple[str, ...]) -> list[str]:
-    """The entry-point names in ``$ORTGEN_DISABLE_PLUGINS``.
+    """The names in ``$ORTGEN_DISABLE_PLUGINS``: entry-point names, so they block installed
+    plugins only (``PluginManager.disable``), never a built-in.
 
-    A built-in module's name there is ignored, with a warning: the variable outlives
-    any one command (a shell profile, a service unit), and a built-in disabled for good
-    takes a sampler or the cache every generation needs. Disabling a built-in is a
-    choice made per load: ``disable_plugins=[...]`` or a pipeline's ``[plugins]
-    disable``."""
+    The variable outlives any one command (a shell profile, a service unit), and a
+    built-in disabled for good takes away a sampler or the cache every generation needs;
+    disabling a built-in is a choice made per load (``disable_plugins=[...]``, a
+    pipeline's ``[plugins] disable``). A built-in's name there gets a warning saying so."""
     names = [n.strip() for n in os.environ.get(DISABLE_ENV, "").split(",") if n.strip()]
-    for name in [n for n in names if n in builtins or n.startswith(BUILTIN_PACKAGE + ".")]:
-        warnings.warn(
-            f"{DISABLE_ENV} names {name!r}, a built-in module, which it does not disable: it "
-            "takes installed plugins' entry-point names (see `ortgen plugins`); disable a "
-            "built-in for one load with disable_plugins=[...] or a pipeline's [plugins] "
-            "disable",
-            stacklevel=3,
-        )
-        names.remove(name)
+    for name in names:
+        if name in builtins or name.startswith(BUILTIN_PACKAGE + "."):
+            warnings.warn(
+                f"{DISABLE_ENV} names {name!r}, a built-in module, which it does not disable: "
+                "it takes installed plugins' entry-point names (see `ortgen plugins`); "
+                "disable a built-in for one load with disable_plugins=[...] or a pipeline's "
+                "[plugins] disable",
+                stacklevel=3,
+            )
     return names
 
 
@@ -272,7 +283,7 @@ def _entry_points(group: str) -> list[_EntryPoint]:
 
 def _add_entry_point(pm: PluginManager, entry_point: _EntryPoint) -> None:
     name, source = entry_point.name, entry_point.source
-    if pm.is_blocked(name):  # never imported: disabling also gets around a broken import
+    if pm.entry_point_disabled(name):  # never imported: this also gets around a broken import
         pm.note_disabled(name, INSTALLED, source)
         return
     if pm.has_plugin(name):  # a second distribution with the same entry-point name

@@ -10,6 +10,7 @@ Installed plugins are real: a folder holding each package and its ``*.dist-info`
 from __future__ import annotations
 
 import sys
+import types
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -211,7 +212,7 @@ def test_two_plugin_objects_under_one_name_are_one_line_naming_both(site: Path) 
     name = f"{Plugin.__module__}.{Plugin.__qualname__}"
     assert one_line(str(info.value)) == (
         f"plugin {name!r}: its name is taken by another plugin object: plugin {name!r}; "
-        "rename one, or disable the installed one"
+        "two plugin objects cannot share a name"
     )
     add_module(site, "pl_test_other", FORCE.replace('"force"', '"x"'))
     module = import_plugin("pl_test_other")
@@ -220,8 +221,8 @@ def test_two_plugin_objects_under_one_name_are_one_line_naming_both(site: Path) 
         make_plugin_manager(extra=[module])
     assert one_line(str(info.value)) == (
         "plugin 'good': its name is taken by another plugin object: installed plugin 'good' "
-        "(good-dist 1.0, entry point good = pl_test_good); rename one, or disable the "
-        "installed one"
+        "(good-dist 1.0, entry point good = pl_test_good); disable the installed one "
+        "(disable_plugins=['good']) to use this one"
     )
 
 
@@ -251,15 +252,20 @@ def test_the_environment_disables_installed_plugins_before_import(
     install(site, "good-dist", "good", "pl_test_good", FORCE)
     marker = tmp_path / "imported"
     monkeypatch.setenv("PL_TEST_MARKER", str(marker))
-    monkeypatch.setenv("ORTGEN_DISABLE_PLUGINS", " broken , nobody,")
+    monkeypatch.setenv("ORTGEN_DISABLE_PLUGINS", " broken , nobody,mine")
+    mine = types.ModuleType("mine")  # in-process, named like a disabled entry point
+    mine.register_samplers = hookimpl(lambda register: register("mine", lambda: None))  # type: ignore[attr-defined]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        pm = make_plugin_manager()
+        pm = make_plugin_manager(extra=[mine])
     assert not marker.exists()  # never imported
     infos = {i.name: (i.origin, i.status, i.cause) for i in pm.plugin_infos()}
     assert infos["broken"] == ("installed", "disabled", "ORTGEN_DISABLE_PLUGINS")
     assert infos["good"] == ("installed", "loaded", None)
     assert infos["nobody"] == ("unknown", "disabled", "ORTGEN_DISABLE_PLUGINS")
+    # the variable names entry points: a plugin asked for in-process still loads
+    assert infos["mine"] == ("in-process", "loaded", None)
+    assert build_registry(pm).get("sampler", "mine").plugin == "mine"
 
 
 def test_the_environment_does_not_disable_a_builtin(monkeypatch: pytest.MonkeyPatch) -> None:
