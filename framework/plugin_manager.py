@@ -28,7 +28,7 @@ from __future__ import annotations
 import importlib
 import os
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
 from types import ModuleType
@@ -38,8 +38,13 @@ import pluggy
 
 from . import hookspecs
 from .errors import PluginError
-from .installed import metadata_folders
-from .plugin_sources import describe_exception, import_plugin
+from .plugin_sources import (
+    EntryPoint,
+    describe_exception,
+    entry_points,
+    entry_points_may_exist,
+    import_plugin,
+)
 from .registry import KINDS, Registry
 
 __all__ = [
@@ -233,8 +238,8 @@ def make_plugin_manager(
     if load_entry_points:
         for name in _env_disabled(builtins):
             pm.disable(name, DISABLE_ENV)
-        if _entry_points_may_exist(ENTRY_POINT_GROUP):
-            for entry_point in _entry_points(ENTRY_POINT_GROUP):
+        if entry_points_may_exist(ENTRY_POINT_GROUP):
+            for entry_point in entry_points(ENTRY_POINT_GROUP):
                 _add_entry_point(pm, entry_point)
     for plugin in extra:
         pm.add(plugin, plugin_name(plugin), IN_PROCESS)
@@ -262,26 +267,7 @@ def _env_disabled(builtins: tuple[str, ...]) -> list[str]:
     return names
 
 
-class _EntryPoint(NamedTuple):
-    name: str
-    source: str  # "DIST VERSION (entry point NAME = VALUE)"
-    load: Callable[[], object]
-
-
-def _entry_points(group: str) -> list[_EntryPoint]:
-    """The group's entry points, each distribution once (the first on ``sys.path``), as
-    Python imports it."""
-    import importlib.metadata
-
-    found = []
-    for ep in importlib.metadata.entry_points(group=group):
-        dist = ep.dist
-        where = f"{dist.name} {dist.version}, " if dist is not None else ""
-        found.append(_EntryPoint(ep.name, f"{where}entry point {ep.name} = {ep.value}", ep.load))
-    return found
-
-
-def _add_entry_point(pm: PluginManager, entry_point: _EntryPoint) -> None:
+def _add_entry_point(pm: PluginManager, entry_point: EntryPoint) -> None:
     name, source = entry_point.name, entry_point.source
     if pm.entry_point_disabled(name):  # never imported: this also gets around a broken import
         pm.note_disabled(name, INSTALLED, source)
@@ -298,33 +284,6 @@ def _add_entry_point(pm: PluginManager, entry_point: _EntryPoint) -> None:
         pm.fail(name, INSTALLED, source, f"importing it failed: {describe_exception(exc)}")
         return
     pm.add(plugin, name, INSTALLED, source)
-
-
-def _entry_points_may_exist(group: str) -> bool:
-    """False only when no distribution on ``sys.path`` declares an entry point in ``group``.
-
-    pluggy's loader imports ``importlib.metadata`` and parses every distribution's entry
-    points: ~0.09 s of each cold start in a development environment of ~150 packages,
-    spent finding nothing when no plugin package is installed (the usual case). This
-    reads the ``entry_points.txt`` of each folder ``importlib.metadata`` would look in
-    (``ortgen.installed``) for the group, in a few ms.
-    It may say True wrongly (the loader then decides exactly), never False wrongly:
-    anything it cannot read as a plain folder (a zip on ``sys.path``, an unreadable
-    file) counts as True.
-    """
-    header = f"[{group}]"
-    for folder in metadata_folders():
-        if folder is None:  # an egg or a zip: only the loader reads those
-            return True
-        try:
-            with open(os.path.join(folder, "entry_points.txt"), encoding="utf-8") as file:
-                if header in file.read():
-                    return True
-        except FileNotFoundError:
-            continue
-        except (OSError, UnicodeDecodeError):
-            return True
-    return False
 
 
 def plugin_name(plugin: object) -> str:

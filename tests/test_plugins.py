@@ -243,7 +243,8 @@ def test_the_entry_point_pre_scan_never_misses_a_plugin(tmp_path, monkeypatch):
     importlib.metadata itself on the same sys.path."""
     import importlib.metadata
 
-    from ortgen.plugin_manager import ENTRY_POINT_GROUP, _entry_points_may_exist
+    from ortgen.plugin_manager import ENTRY_POINT_GROUP
+    from ortgen.plugin_sources import entry_points_may_exist as _entry_points_may_exist
 
     site = tmp_path / "site"
     _dist_info(site, "no_entry_points", None)
