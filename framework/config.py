@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .config_values import normalise, validate
-from .errors import ConfigError
+from .errors import ConfigError, Problem
 from .jsonfile import read_json_object
 from .registry import did_you_mean
 from .structured_settings import CONSTRAINT_FIELDS
@@ -248,7 +248,7 @@ def resolve(layers: Iterable[tuple[str, Mapping[str, Any]]]) -> Resolved:
     """Merge layers (later wins), normalise and validate; one error lists every problem."""
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
-    problems: list[str] = []
+    problems: list[Problem] = []
     for layer, settings in layers:
         strict = layer in ("pipeline", "call")
         for key, value in settings.items():
@@ -260,7 +260,7 @@ def resolve(layers: Iterable[tuple[str, Mapping[str, Any]]]) -> Resolved:
             elif key in UNSUPPORTED_HF_FIELDS:
                 default, why = UNSUPPORTED_HF_FIELDS[key]
                 if value != default:
-                    problems.append(f"{key}={value!r} ({layer}): {why}")
+                    problems.append((key, f"{key}={value!r} ({layer}): {why}"))
             elif key in IGNORED_HF_FIELDS:
                 if strict:
                     warnings.warn(
@@ -270,7 +270,7 @@ def resolve(layers: Iterable[tuple[str, Mapping[str, Any]]]) -> Resolved:
                         stacklevel=3,
                     )
             elif strict:
-                problems.append(f"unknown setting {key!r}{did_you_mean(key, list(FIELDS))}")
+                problems.append((key, f"unknown setting {key!r}{did_you_mean(key, list(FIELDS))}"))
             else:
                 warnings.warn(f"{layer}: ignoring unknown generation setting {key!r}", stacklevel=2)
     _limit_from_latest_layer(values, sources)
@@ -280,11 +280,11 @@ def resolve(layers: Iterable[tuple[str, Mapping[str, Any]]]) -> Resolved:
         try:
             normalised[key] = _normalise(key, value)
         except TypeError as exc:  # keep going: report every problem at once
-            problems.append(f"{key} must be {exc}, got {value!r}")
+            problems.append((key, f"{key} must be {exc}, got {value!r}"))
     config = GenerationConfig(**normalised)
     problems.extend(validate(config))
     if problems:
-        raise ConfigError(_problem_list(problems))
+        raise ConfigError(_problem_list([m for _, m in problems]), problems=problems)
     _warn_ineffective(config, sources)
     return Resolved(config, sources)
 

@@ -301,7 +301,7 @@ BAD = [
     ),
     (M, {"tools": [{"type": "function", "function": {"name": "f"}}], "regex": "a"}, "regex"),
     (M, {"messages": []}, "messages"),
-    (M, {"messages": [{"content": "no role"}]}, "messages"),
+    (M, {"messages": [{"content": "no role"}]}, "messages[0]"),
     (
         M,
         {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},

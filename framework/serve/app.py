@@ -140,7 +140,7 @@ def _too_deep(value: Any, limit: int) -> bool:
 def _row_error(error: BaseException | None) -> RequestError:
     """A row the engine failed: the request's own fault (400) or the server's (500)."""
     if isinstance(error, ConfigError | InputError):
-        return RequestError(str(error))
+        return RequestError(str(error), param=error.field)
     log.error("ortgen serve: a request failed", exc_info=error)
     what = f"{type(error).__name__}: {error}" if error is not None else "unknown error"
     return RequestError(f"generation failed: {what}", status=500, kind="server_error")

@@ -29,6 +29,7 @@ from ..errors import InputError
 from ..loop.chain import Chain
 from ..loop.generate import Generation
 from ..outputs import StreamPiece
+from ..request import start_row
 
 #: positions per row the shared cache starts with (it doubles when a row needs more)
 SLOT_POSITIONS = 256
@@ -170,11 +171,14 @@ class Engine:
         config = self.gen.resolve_config(settings).config
         self.gen.prompts.check_ids(prompt, 0)
         if config.cache is not None:
-            raise InputError("the server manages the KV cache itself; remove `cache`")
+            raise InputError(
+                "the server manages the KV cache itself; remove `cache`", field="cache"
+            )
         if config.num_beams != 1 or config.num_return_sequences != 1:
             raise InputError(
                 "the server runs one sequence per row: num_beams and "
-                "num_return_sequences must be 1 (ask for n choices instead)"
+                "num_return_sequences must be 1 (ask for n choices instead)",
+                field="num_beams",
             )
         self.gen.max_length(config, len(prompt))  # the library's rule: clipped at the context
         return config
@@ -396,7 +400,8 @@ class Engine:
             return
         self.stats.batch_size = 1
         try:
-            state = self.gen.start([handle.prompt], **handle.settings)
+            config = self.gen.resolve_config(handle.settings).config
+            state = start_row(self.gen, handle.prompt, config, handle.chain)  # built once
             while not state.is_done:
                 if handle.cancelled.is_set():
                     self._finish(handle, "cancelled")
