@@ -18,12 +18,12 @@ import pluggy
 from . import config as config_mod
 from . import prompts as prompts_mod
 from .chain_specs import build_chain
+from .config.pipeline import Pipeline, load_pipeline
 from .errors import ComponentError, ConfigError, InputError
 from .locate import model_folder
 from .loop.generate import Generation
 from .model import ExportedModel
 from .outputs import GenerationOutput, StreamPiece, output_of, with_calls
-from .pipeline import Pipeline, load_pipeline
 from .plugin_manager import build_registry, make_plugin_manager
 from .prompts import PromptEncoder
 from .protocols import GenerationContext, LiftsContext
@@ -399,7 +399,7 @@ def load(
     """Load a model folder or a GGUF file (built into a cached folder on first use, see
     :mod:`ortgen.gguf`); without a path, the pipeline's ``model`` or else the default model
     (built on first use). ``pipeline`` (a pipeline file or a loaded
-    :class:`~ortgen.pipeline.Pipeline`) becomes the pipeline layer of every call, and its
+    :class:`~ortgen.config.pipeline.Pipeline`) becomes the pipeline layer of every call, and its
     ``[plugins] disable`` list is honoured. ``threads`` is onnxruntime's intra-op threads
     (default: the usable cores); between two parallel ops its idle workers spin
     ``spin_us`` microseconds before they sleep (None: ``ortgen.model.DEFAULT_SPIN_US``,

@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from ortgen.config import FIELDS, IGNORED_HF_FIELDS, UNSUPPORTED_HF_FIELDS
-from ortgen.config_values import BOOL_FIELDS, FLOAT_FIELDS, INT_FIELDS, TOKEN_LIST_FIELDS
+from ortgen.config.values import BOOL_FIELDS, FLOAT_FIELDS, INT_FIELDS, TOKEN_LIST_FIELDS
 from ortgen.plugin_manager import build_registry, make_plugin_manager
 from ortgen.request import COMPONENT_KINDS
 

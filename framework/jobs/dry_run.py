@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import config as config_mod
+from ..config.pipeline import Pipeline
 from ..constraint_check import check_constraint
 from ..paths import has_model_config, not_a_model_folder
-from ..pipeline import Pipeline
 from ..request import row_settings
 from ..structured_settings import CONSTRAINT_FIELDS, constraint
 from . import check_input

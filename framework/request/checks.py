@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..config_values import normalise
+from ..config.values import normalise
 from ..errors import Problem
 
 if TYPE_CHECKING:

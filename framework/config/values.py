@@ -13,69 +13,26 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from . import structured_settings
-from .errors import Problem
+from .. import structured_settings
+from ..errors import Problem
+from .fields import FIELDS
 
 if TYPE_CHECKING:
-    from .config import GenerationConfig
+    from .fields import GenerationConfig
 
-INT_FIELDS = frozenset(
-    {
-        "max_length",
-        "max_new_tokens",
-        "min_new_tokens",
-        "min_length",
-        "num_beams",
-        "num_return_sequences",
-        "top_k",
-        "no_repeat_ngram_size",
-        "pad_token_id",
-        "bos_token_id",
-        "forced_bos_token_id",
-        "seed",
-        "dry_allowed_length",
-        "dry_penalty_last_n",
-        "mirostat",
-        "top_logprobs",
-        "prompt_lookup_num_tokens",
-        "max_matching_ngram_size",
-    }
-)
-FLOAT_FIELDS = frozenset(
-    {
-        "max_time",
-        "temperature",
-        "top_p",
-        "min_p",
-        "typical_p",
-        "epsilon_cutoff",
-        "eta_cutoff",
-        "repetition_penalty",
-        "length_penalty",
-        "presence_penalty",
-        "frequency_penalty",
-        "top_n_sigma",
-        "xtc_probability",
-        "xtc_threshold",
-        "dry_multiplier",
-        "dry_base",
-        "mirostat_tau",
-        "mirostat_eta",
-    }
-)
-BOOL_FIELDS = frozenset(
-    {
-        "do_sample",
-        "remove_invalid_values",
-        "renormalize_logits",
-        "output_scores",
-        "output_logits",
-        "logprobs",
-        "json_object",
-        "fast_forward",
-    }
-)
-TOKEN_LIST_FIELDS = frozenset({"suppress_tokens", "begin_suppress_tokens"})
+
+def _annotated(*types: str) -> frozenset[str]:
+    """The fields whose annotation is one of ``types`` (``int | None`` counts as ``int``:
+    None is checked apart, ``ortgen.config.layers``), so a new field is coerced by its
+    declared type without a table to keep in step."""
+    wanted = {t for kind in types for t in (kind, f"{kind} | None")}
+    return frozenset(name for name, f in FIELDS.items() if f.type in wanted)
+
+
+INT_FIELDS = _annotated("int")
+FLOAT_FIELDS = _annotated("float")
+BOOL_FIELDS = _annotated("bool")
+TOKEN_LIST_FIELDS = _annotated("tuple[int, ...]")
 
 
 def normalise(key: str, value: Any) -> Any:
