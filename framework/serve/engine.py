@@ -14,6 +14,7 @@ caller's thread, so a bad request fails before it is queued.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import dataclasses
 import threading
@@ -35,6 +36,11 @@ from ..request import start_row
 SLOT_POSITIONS = 256
 #: what ends a row's piece stream when the engine itself fails the row
 _ERROR = "error"
+#: upper bounds (seconds) of the time-to-first-token histogram's buckets (/metrics): from
+#: a short prompt's prefill on a small model (tens of ms on a CPU) to a long prompt that
+#: waited behind a full batch (a minute); the last catches the rest
+FIRST_TOKEN_BUCKETS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0)
+FIRST_TOKEN_BUCKETS += (7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, float("inf"))
 
 
 class QueueFull(InputError):
@@ -65,7 +71,18 @@ class EngineStats:
     first_token_s: collections.deque = field(default_factory=lambda: collections.deque(maxlen=512))
     first_token_sum: float = 0.0  # seconds, over every row that produced a token
     first_token_count: int = 0
+    #: rows per FIRST_TOKEN_BUCKETS bucket (each counted once, not cumulative)
+    first_token_buckets: list[int] = field(default_factory=lambda: [0] * len(FIRST_TOKEN_BUCKETS))
     decode_tokens_per_s: float = 0.0
+
+    def count_first_token(self, seconds: float) -> None:
+        """One more row whose first token came ``seconds`` after it was queued: kept in
+        the recent window (the summary's quantiles) and counted in the cumulative sum,
+        count and histogram bucket, which a window would lose between two scrapes."""
+        self.first_token_s.append(seconds)
+        self.first_token_sum += seconds
+        self.first_token_count += 1
+        self.first_token_buckets[bisect.bisect_left(FIRST_TOKEN_BUCKETS, seconds)] += 1
 
     def count_outcome(self, outcome: str) -> None:
         """One more row that ended ``outcome`` ("finished", "failed" or "cancelled")."""
@@ -432,8 +449,6 @@ class Engine:
         self.stats.count_outcome(outcome)
         self.stats.prompt_tokens += len(handle.prompt)
         if handle.first_token_s is not None:
-            self.stats.first_token_s.append(handle.first_token_s)
-            self.stats.first_token_sum += handle.first_token_s
-            self.stats.first_token_count += 1
+            self.stats.count_first_token(handle.first_token_s)
         if outcome == "cancelled":
             handle._loop.call_soon_threadsafe(handle._queue.put_nowait, None)
