@@ -131,10 +131,13 @@ class RowHandle:
     # -- called from the engine thread ---------------------------------------------
 
     def push(self, piece: StreamPiece) -> None:
-        if self.first_token_s is None:
-            self.first_token_s = time.perf_counter() - self.submitted
+        self.note_first_token()
         self.tokens += 1
         self._loop.call_soon_threadsafe(self._queue.put_nowait, piece)
+
+    def note_first_token(self) -> None:
+        if self.first_token_s is None:
+            self.first_token_s = time.perf_counter() - self.submitted
 
     def fail(self, error: Exception) -> None:
         self.error = error
@@ -310,17 +313,19 @@ class Engine:
                 self.stats.batch_size = 0
                 continue
             seconds = time.perf_counter() - started
-            produced = 0
+            made: list[tuple[RowHandle, list[StreamPiece]]] = []
             for row, handle in enumerate(rows):
                 error = batch.errors[row]
                 if error is not None:  # its own component raised: only this row ends
                     self._fail(handle, error)
                     continue
-                for piece in StreamPiece.since(batch, row, starts[row]):
-                    handle.push(piece)
-                    produced += 1
-            self._rate(produced, seconds)
+                made.append((handle, StreamPiece.since(batch, row, starts[row])))
+            # counted before any client hears of them: /metrics never lags an answer
+            self._rate(sum(len(pieces) for _, pieces in made), seconds)
             self._count_drafts(batch, drafts)
+            for handle, pieces in made:
+                for piece in pieces:
+                    self._deliver(handle, piece)
             self._leave(rows, [r for r in range(len(rows)) if not batch.unfinished[r]], None)
             self.stats.batch_size = len(rows)
 
@@ -342,13 +347,13 @@ class Engine:
             self._fail(handle, exc)
             return
         rows.append(handle)
+        self.stats.generated_tokens += 1
         error = batch.errors[row]
         if error is not None:
             self._fail(handle, error)
         else:
             for piece in StreamPiece.since(batch, row, batch.row_end(row) - 1):
-                handle.push(piece)
-        self.stats.generated_tokens += 1
+                self._deliver(handle, piece)
 
     def _leave(self, rows: list[RowHandle], gone: list[int], outcome: str | None) -> None:
         """Release ``gone`` rows from the batch; ``rows`` follows the batch's new order."""
@@ -428,10 +433,11 @@ class Engine:
                 state.step()
                 pieces = StreamPiece.since(state, 0, start)
                 self._rate(len(pieces), time.perf_counter() - started)
-                for piece in pieces:
-                    handle.push(piece)
                 self._count_drafts(state, drafts)
-            self._finish(handle, "finished")
+                for piece in pieces:
+                    self._deliver(handle, piece)
+            if handle.outcome is None:  # its last piece counted it already
+                self._finish(handle, "finished")
         except Exception as exc:  # a plugin or the model failed: only this row ends
             self._fail(handle, exc)
         finally:
@@ -443,6 +449,14 @@ class Engine:
         if handle.outcome is None:
             self._finish(handle, "failed")
         handle.fail(error)
+
+    def _deliver(self, handle: RowHandle, piece: StreamPiece) -> None:
+        """Hand ``piece`` to the row's client; a row's last piece is counted as finished
+        first, so a scrape of /metrics right after an answer already counts its row."""
+        if piece.finish_reason is not None and handle.outcome is None:
+            handle.note_first_token()
+            self._finish(handle, "finished")
+        handle.push(piece)
 
     def _finish(self, handle: RowHandle, outcome: str) -> None:
         handle.outcome = outcome
