@@ -1,0 +1,175 @@
+"""The plugin author's kit (``ortgen.testing``) beyond KV caches: ``make_context`` sets the
+context's real fields, and ``check_drafter`` passes drafters that keep the loop's
+promises and fails each kind of broken one (drafts past the limit, a tokens argument
+written into, state that changes the output later, an ``accepted`` the loop cannot call).
+KV caches are in ``tests/test_testing_kv_cache.py``."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ortgen
+from ortgen.plugins.drafters import PromptLookupDrafter
+from ortgen.testing import FakeModel, check_drafter, make_context
+
+# -- make_context -----------------------------------------------------------------------
+
+
+def test_make_context_sets_the_context_fields_a_component_reads() -> None:
+    signature = FakeModel(layout="shared").signature
+    tokenizer = object()  # any object: the context only carries it
+    ctx = make_context(
+        tokenizer=tokenizer, signature=signature, model_config={"sliding_window": 8},
+        model_state={"k": 1}, row_seeds=(3, None), batch_size=2,
+    )  # fmt: skip
+    assert ctx.tokenizer is tokenizer and ctx.extras == {}
+    assert ctx.signature is signature
+    assert ctx.vocab_size == signature.vocab_size  # the graph's width unless told
+    assert dict(ctx.model_config) == {"sliding_window": 8}
+    assert ctx.model_state == {"k": 1} and ctx.row_seeds == (3, None)
+
+
+def test_make_context_refuses_what_it_would_drop_or_contradict() -> None:
+    with pytest.raises(TypeError, match="tokeniser"):
+        make_context(tokeniser=object())  # type: ignore[call-arg]  # a typo is no fact
+    with pytest.raises(ValueError, match="scores 48 tokens"):
+        make_context(vocab_size=32, signature=FakeModel().signature)
+
+
+def test_a_cache_built_from_make_context_reads_its_signature() -> None:
+    from ortgen.plugins.caches import StaticCache
+
+    signature = FakeModel(layout="shared").signature
+    cache = StaticCache(ctx=make_context(signature=signature, batch_size=2, max_length=10))
+    assert cache.signature is signature
+    assert cache.nbytes == 2 * 2 * 10 * 8 * 4 * len(signature.past_inputs)
+
+
+# -- check_drafter: drafters that keep the promises -------------------------------------
+
+
+class RepeatDrafter:
+    """Proposes the row's newest token again, up to ``num_tokens`` times; how many adapts
+    to what was kept (one more than kept), like the built-ins."""
+
+    def __init__(self, *, num_tokens: int = 3) -> None:
+        self.num_tokens = self.next_count = num_tokens
+
+    def draft(self, tokens: np.ndarray, limit: int) -> list[int]:
+        return [int(tokens[-1])] * min(limit, self.next_count)
+
+    def accepted(self, drafted: int, kept: int) -> None:
+        self.next_count = max(1, min(self.num_tokens, kept + 1))
+
+
+def _counts(result: str) -> tuple[int, int]:
+    found = re.search(r"drafted (\d+), kept (\d+)", result)
+    assert found, result
+    return int(found.group(1)), int(found.group(2))
+
+
+@pytest.mark.parametrize("layout", ["shared", "concat"])
+def test_good_drafters_pass_with_drafts_both_kept_and_rejected(layout: str) -> None:
+    model = FakeModel(layout=layout)
+    for factory, params in ((PromptLookupDrafter, {"num_tokens": 4}), (RepeatDrafter, {})):
+        report = check_drafter(factory, params, model=model)
+        assert set(report) == {"greedy", "sampled", "copying", "short", "eos"}
+        assert all(r.startswith("same as without it") for r in report.values()), report
+        counts = [_counts(r) for r in report.values()]
+        assert sum(kept for _, kept in counts) > 0  # the kept path ran
+        assert any(kept < drafted for drafted, kept in counts)  # and the rejected one
+        assert all("told accepted()" in r for r in report.values())
+
+
+def test_the_repeat_drafter_ends_a_row_inside_a_draft() -> None:
+    """The eos scenario is there for this: a kept draft token that ends the row is the
+    model's own, not counted as kept (``accepted`` is checked against that count)."""
+    report = check_drafter(RepeatDrafter, {"num_tokens": 6})
+    drafted, kept = _counts(report["eos"])
+    assert drafted > kept > 0, report["eos"]
+
+
+def test_a_drafter_without_accepted_passes_and_is_reported_so() -> None:
+    class Plain:
+        def draft(self, tokens: np.ndarray, limit: int) -> list[int]:
+            return [int(tokens[-1])] * min(limit, 2)
+
+    report = check_drafter(Plain)
+    assert all(r.endswith("no accepted(): never told what was kept") for r in report.values())
+
+
+# -- check_drafter: broken drafters ----------------------------------------------------
+
+
+class FixedLength:
+    """Always proposes its last four tokens, whatever the limit."""
+
+    def draft(self, tokens: np.ndarray, limit: int) -> list[int]:
+        return tokens[-4:].tolist()
+
+
+class WritesTokens:
+    """Marks where it has been by writing into the row it was shown."""
+
+    def draft(self, tokens: np.ndarray, limit: int) -> list[int]:
+        tokens[-1] = 0
+        return []
+
+
+class KeepsTheView(RepeatDrafter):
+    """Keeps the tokens view as its state and updates it once told what was kept: the
+    request's own buffer changes under it."""
+
+    def draft(self, tokens: np.ndarray, limit: int) -> list[int]:
+        self.row = tokens
+        return super().draft(tokens, limit)
+
+    def accepted(self, drafted: int, kept: int) -> None:
+        super().accepted(drafted, kept)
+        self.row[-1] = (self.row[-1] + 1) % 48
+
+
+class MisnamedAccepted(RepeatDrafter):
+    """Its adaptation sits under a name the loop never calls."""
+
+    accepted = None  # type: ignore[assignment]
+
+    def accept(self, drafted: int, kept: int) -> None:
+        RepeatDrafter.accepted(self, drafted, kept)
+
+
+class OneArgumentAccepted(RepeatDrafter):
+    def accepted(self, kept: int) -> None:  # type: ignore[override]
+        self.next_count = kept + 1
+
+
+class SilentDrafter:
+    def draft(self, tokens: np.ndarray, limit: int) -> list[int]:
+        return []
+
+
+@pytest.mark.parametrize(
+    ("drafter", "message"),
+    [
+        (FixedLength, r"returned \[.*\] for limit \d; expected at most"),
+        (WritesTokens, "wrote into its tokens argument"),
+        (KeepsTheView, "the output differs from decoding without the drafter"),
+        (MisnamedAccepted, r"has accept\(\) but no accepted\(drafted, kept\)"),
+        (OneArgumentAccepted, r"failed in accepted\(drafted=\d+, kept=\d+\): TypeError"),
+        (SilentDrafter, "proposed nothing in any scenario"),
+    ],
+    ids=["past-the-limit", "writes-tokens", "state-corrupts-output", "misnamed-accepted",
+         "accepted-arity", "never-drafts"],  # fmt: skip
+)
+def test_a_broken_drafter_fails(drafter: Any, message: str) -> None:
+    with pytest.raises(ortgen.ComponentError, match=message):
+        check_drafter(drafter)
+
+
+def test_a_failure_names_the_scenario() -> None:
+    with pytest.raises(ortgen.ComponentError, match="scenario 'greedy'"):
+        check_drafter(FixedLength)
