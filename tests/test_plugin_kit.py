@@ -85,12 +85,39 @@ def test_good_drafters_pass_with_drafts_both_kept_and_rejected(layout: str) -> N
         assert all("told accepted()" in r for r in report.values())
 
 
-def test_the_repeat_drafter_ends_a_row_inside_a_draft() -> None:
-    """The eos scenario is there for this: a kept draft token that ends the row is the
-    model's own, not counted as kept (``accepted`` is checked against that count)."""
-    report = check_drafter(RepeatDrafter, {"num_tokens": 6})
-    drafted, kept = _counts(report["eos"])
-    assert drafted > kept > 0, report["eos"]
+class TargetDrafter:
+    """Drafts with the target model itself, greedy, under the request's repetition
+    penalty: a draft model as good as it gets, so greedy drafts are all kept, and one
+    that ends the row (an end-of-text id) is the model's own token there."""
+
+    MODEL = FakeModel(layout="shared")
+
+    def __init__(self, *, ctx: ortgen.GenerationContext) -> None:
+        stand_in: Any = self.MODEL
+        self.gen = ortgen.TextGenerator(self.MODEL.path, model=stand_in)
+        self.penalty = ctx.config.repetition_penalty
+
+    def draft(self, tokens: np.ndarray, limit: int) -> list[int]:
+        out = self.gen.generate(
+            [tokens.tolist()], max_new_tokens=limit, do_sample=False,
+            repetition_penalty=self.penalty,
+        )  # fmt: skip
+        return out.tokens[0]
+
+    def accepted(self, drafted: int, kept: int) -> None:
+        pass
+
+
+def test_a_perfect_drafter_has_every_greedy_draft_kept() -> None:
+    """Also the ``eos`` scenario's point: the row ends on a draft token the model picked,
+    which is then its own token, not a kept draft (``accepted`` is checked against
+    that count, so a wrong count fails here)."""
+    report = check_drafter(TargetDrafter, model=TargetDrafter.MODEL)
+    for scenario in ("greedy", "copying", "short"):
+        drafted, kept = _counts(report[scenario])
+        assert drafted == kept > 0, report[scenario]
+    drafted, kept = _counts(report["eos"])  # one draft, cut where its token ended the row
+    assert 0 < kept < drafted, report["eos"]
 
 
 def test_a_drafter_without_accepted_passes_and_is_reported_so() -> None:
@@ -162,8 +189,14 @@ class SilentDrafter:
         (OneArgumentAccepted, r"failed in accepted\(drafted=\d+, kept=\d+\): TypeError"),
         (SilentDrafter, "proposed nothing in any scenario"),
     ],
-    ids=["past-the-limit", "writes-tokens", "state-corrupts-output", "misnamed-accepted",
-         "accepted-arity", "never-drafts"],  # fmt: skip
+    ids=[
+        "past-the-limit",
+        "writes-tokens",
+        "state-corrupts-output",
+        "misnamed-accepted",
+        "accepted-arity",
+        "never-drafts",
+    ],
 )
 def test_a_broken_drafter_fails(drafter: Any, message: str) -> None:
     with pytest.raises(ortgen.ComponentError, match=message):
