@@ -2,11 +2,20 @@
 context's real fields, and ``check_drafter`` passes drafters that keep the loop's
 promises and fails each kind of broken one (drafts past the limit, a tokens argument
 written into, state that changes the output later, an ``accepted`` the loop cannot call).
-KV caches are in ``tests/test_testing_kv_cache.py``."""
+The example package's drafter and composed cache pass the kit, and the example passes
+``mypy --strict`` against ortgen installed with its ``py.typed``. KV caches on their own are
+in ``tests/test_testing_kv_cache.py``."""
 
 from __future__ import annotations
 
+import importlib
+import os
 import re
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,7 +23,7 @@ import pytest
 
 import ortgen
 from ortgen.plugins.drafters import PromptLookupDrafter
-from ortgen.testing import FakeModel, check_drafter, make_context
+from ortgen.testing import FakeModel, check_drafter, check_kv_cache, make_context
 
 # -- make_context -----------------------------------------------------------------------
 
@@ -206,3 +215,111 @@ def test_a_broken_drafter_fails(drafter: Any, message: str) -> None:
 def test_a_failure_names_the_scenario() -> None:
     with pytest.raises(ortgen.ComponentError, match="scenario 'greedy'"):
         check_drafter(FixedLength)
+
+
+# -- the example package: its drafter and composed cache pass the kit, and mypy --------
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "ortgen-plugin-example"
+
+
+@pytest.fixture(scope="module")
+def example() -> types.ModuleType:
+    """``ortgen_plugin_example`` imported from its source folder."""
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        return importlib.import_module("ortgen_plugin_example")
+    finally:
+        sys.path.remove(str(EXAMPLE))
+
+
+@pytest.mark.parametrize("layout", ["shared", "concat"])
+def test_the_examples_drafter_passes_check_drafter(example: types.ModuleType, layout: str) -> None:
+    report = check_drafter(example.RepeatTokenDrafter, model=FakeModel(layout=layout))
+    assert sum(_counts(r)[1] for r in report.values()) > 0, report  # some drafts kept
+
+
+def test_the_examples_composed_cache_passes_check_kv_cache_on_both_layouts(
+    example: types.ModuleType,
+) -> None:
+    report = check_kv_cache(example.CappedStaticCache, {"max_positions": 64})
+    assert all(r == "same as 'dynamic'" for r in report["concat"].values()), report
+    assert all(r == "same as 'static'" for r in report["shared"].values()), report
+
+
+def test_the_composed_cache_holds_its_cap(example: types.ModuleType) -> None:
+    """What the wrapper adds to the built-in: a request that may reach more positions
+    is refused before it starts, and one continued past the cap fails naming it."""
+    model = FakeModel(layout="shared")
+    stand_in: Any = model
+    gen = ortgen.TextGenerator(model.path, model=stand_in, plugins=[example])
+    capped = {"name": "capped_static", "max_positions": 12}
+    with pytest.raises(ortgen.ConfigError, match="may reach 14 positions, more than"):
+        gen.generate([[1, 2, 3, 4]], max_new_tokens=10, cache=capped)
+    state = gen.start([[1, 2, 3, 4]], max_new_tokens=8, cache=capped)
+    while not state.is_done:
+        state.step()
+    state.append([[5, 6, 7]])
+    with pytest.raises(ortgen.ComponentError, match="more than max_positions=12"):
+        state.step()
+
+
+def test_the_public_cache_classes_are_the_registered_built_ins_and_documented() -> None:
+    from ortgen.plugin_manager import build_registry, make_plugin_manager
+    from ortgen.plugins import caches
+
+    registry = build_registry(make_plugin_manager())
+    assert registry.get("kv_cache", "static").factory is caches.StaticCache
+    assert registry.get("kv_cache", "dynamic").factory is caches.DynamicCache
+    guide = (ROOT / "docs" / "plugins.md").read_text(encoding="utf-8")
+    section = guide[guide.index("### Composing a built-in cache") :]
+    for name in caches.__all__:
+        assert callable(getattr(caches, name))
+        assert f"`{name}" in section, f"{name} is public but not in docs/plugins.md"
+
+
+@pytest.fixture(scope="module")
+def installed_ortgen(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """ortgen pip-installed (no deps, no index) from a copy of its sources, as a plugin
+    author's environment has it: only what the packaging ships (py.typed or not)."""
+    root = tmp_path_factory.mktemp("ortgen-installed")
+    source, site = root / "src", root / "site"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    for name in ("framework", "plugins"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--no-index", "--disable-pip-version-check", "--target", str(site), str(source)],
+        check=True, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    return site
+
+
+def _mypy(folder: Path, site: Path) -> subprocess.CompletedProcess[str]:
+    """``mypy`` run in the package's folder, as its author would (its pyproject.toml says
+    strict), with ortgen importable only from ``site``."""
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", "--cache-dir", str(folder / ".mypy_cache")],
+        cwd=folder, env={**os.environ, "PYTHONPATH": str(site)},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+def test_the_example_passes_mypy_strict_against_the_installed_ortgen(
+    installed_ortgen: Path, tmp_path: Path
+) -> None:
+    folder = tmp_path / "example"
+    shutil.copytree(EXAMPLE, folder, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    clean = _mypy(folder, installed_ortgen)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert "Success: no issues found in 3 source files" in clean.stdout
+    # the same run sees ortgen's types: a misuse of the composed built-in is an error
+    cache = folder / "ortgen_plugin_example" / "cache.py"
+    text = cache.read_text(encoding="utf-8")
+    assert "StaticCache(ctx=ctx)" in text
+    cache.write_text(text.replace("StaticCache(ctx=ctx)", 'StaticCache(ctx=ctx, capacity="all")'))
+    broken = _mypy(folder, installed_ortgen)
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    assert 'Argument "capacity" to "StaticCache" has incompatible type "str"' in broken.stdout
