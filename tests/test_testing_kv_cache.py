@@ -184,6 +184,26 @@ def test_the_fake_model_refuses_what_onnxruntime_would() -> None:
         binding.forward(ids, np.ones((1, 4), np.int64), positions, wrong)
 
 
+def test_the_fake_shared_graph_reads_a_row_up_to_its_length_only() -> None:
+    """As GroupQueryAttention: a buffer's positions past a row's length are never read,
+    so what a cache leaves there (the quantized cache's uninitialised memory made the
+    check fail at random with NaN scores) changes nothing, and a NaN a row may see does."""
+    model = FakeModel(layout="shared")
+    names = model.signature.past_inputs
+    ids, mask = np.array([[1], [2]]), np.array([[1, 1, 1, 1], [1, 1, 0, 0]])  # lengths 4, 2
+
+    def logits(fill: float, at: int) -> np.ndarray:
+        past = {n: np.zeros((2, 2, 6, 8), np.float32) for n in names}
+        for buffer in past.values():
+            buffer[1, :, at:] = fill  # row 1 from position ``at`` on
+        out, _ = model.binding().forward(ids, mask, None, past)
+        return out
+
+    clean = logits(0.0, 6)
+    assert np.array_equal(logits(np.nan, 2), clean)  # past row 1's length 2: unread
+    assert np.isnan(logits(np.nan, 0)[1]).all()  # inside it: read
+
+
 def test_static_keeps_the_selected_row_when_it_grows(fused_model_dirs) -> None:
     """Found by the check's ``append`` scenario on a shared graph: a continued batch of
     prompts of different lengths grows the static cache while one row is selected, and
