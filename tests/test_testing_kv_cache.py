@@ -166,7 +166,7 @@ class NoFork(BufferCache):
 def test_a_missing_capability_is_a_skip_that_names_it() -> None:
     report = check_kv_cache(NoFork, layout="concat")
     assert report["concat"]["fork"] == (
-        "skipped: the cache has no fork() (ForksCache): implement fork()"
+        "skipped: the cache has no fork() (ForksCache) -> implement fork()"
     )
     assert report["concat"]["beams"] == "same as 'dynamic'"
 

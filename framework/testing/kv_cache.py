@@ -58,11 +58,11 @@ _PADDED = [[3, 17, 5, 9, 30], [11, 2, 41, 7, 7, 19, 23, 4, 1]]
 #: prompts of one length: what a cache without select(row) serves on a shared graph
 _EVEN = [[3, 17, 5, 9, 30, 6, 12], [11, 2, 41, 7, 7, 19, 23]]
 _GREEDY: dict[str, Any] = {"max_new_tokens": 10, "do_sample": False, "logprobs": True}
-#: what the loop's refusals ask of a cache, added to a skipped scenario's message
+#: what the loop's refusals ask of a cache, added to a skipped scenario's message (a
+#: cache that reuses prefixes of different lengths per row needs select(row) too)
 _WHAT_TO_DO = {
     "prompts of different lengths": "implement select(row) for the shared layout",
     "row by row": "implement select(row) for the shared layout",
-    "cannot be forked": "implement fork()",
     "another model's graph": "set the cache's signature to ctx.signature",
 }
 
@@ -152,7 +152,7 @@ def _check_layout(
         except Exception as exc:
             raise ComponentError(f"{where} failed: {type(exc).__name__}: {exc}") from exc
         if got is None:
-            report[scenario] = "skipped: the cache has no fork() (ForksCache): implement fork()"
+            report[scenario] = "skipped: the cache has no fork() (ForksCache) -> implement fork()"
             continue
         if not exact:
             report[scenario] = "ran"
