@@ -7,7 +7,6 @@ component chain and drives a ``Generation`` step object.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -18,22 +17,20 @@ import pluggy
 
 from . import config as config_mod
 from . import prompts as prompts_mod
-from .chain_specs import build_chain, cache_spec
+from .chain_specs import build_chain
+from .config.pipeline import Pipeline, load_pipeline
 from .errors import ComponentError, ConfigError, InputError
 from .locate import model_folder
 from .loop.generate import Generation
 from .model import ExportedModel
 from .outputs import GenerationOutput, StreamPiece, output_of, with_calls
-from .pipeline import Pipeline, load_pipeline
 from .plugin_manager import build_registry, make_plugin_manager
 from .prompts import PromptEncoder
 from .protocols import GenerationContext, LiftsContext
 from .registry import Registry
-from .structured_output import response_format_settings
-from .structured_settings import CONSTRAINT_FIELDS
+from .request import build_chat, row_settings, start_generation
+from .request import max_length as context_max_length
 from .text import Tokenizer, load_tokenizer
-from .text.chat_template import check_messages
-from .tool_calls import plan_tools
 
 Prompt = prompts_mod.Prompt
 Prompts = prompts_mod.Prompts
@@ -41,13 +38,6 @@ Prompts = prompts_mod.Prompts
 
 #: A pipeline layer: a pipeline file's path, a mapping of settings, or None.
 PipelineArg = str | Path | Mapping[str, Any] | None
-
-
-def _settings_key(config: config_mod.GenerationConfig) -> str:
-    """Rows whose settings differ only in their seed share one chain."""
-    values = config.to_dict()
-    values.pop("seed")
-    return json.dumps(values, sort_keys=True, default=str)
 
 
 class TextGenerator:
@@ -89,7 +79,7 @@ class TextGenerator:
             self._need_tokenizer,
             self.model.signature.vocab_size,
             self.model.max_context,
-            self.chat_prompt,
+            lambda messages: build_chat(self, messages, {}).prompt,  # a row's conversation
         )
 
     # -- config --------------------------------------------------------------------
@@ -269,24 +259,19 @@ class TextGenerator:
         answer follows it and ``out.parsed`` holds it. ``template_kwargs``
         (``continue_final_message``, ``enable_thinking``, ``documents``, ...) reach the
         template as transformers' ``apply_chat_template`` passes them."""
-        settings = {**settings, **response_format_settings(response_format)}
-        plan = None
-        if tools is not None or tool_choice is not None:
-            template = self.tokenizer.chat_template if self.tokenizer is not None else None
-            checked = check_messages(messages)  # each a message dict, or an InputError
-            plan = plan_tools(checked, tools, tool_choice, parallel_tool_calls, template)
-            constrained = [k for k in CONSTRAINT_FIELDS if settings.get(k) not in (None, False)]
-            if plan.settings and constrained:
-                raise InputError(
-                    f"tools (tool_choice {tool_choice or 'auto'!r}) constrain the answer to "
-                    f"tool calls, and {constrained[0]} constrains it too: give one of them"
-                )
-            messages, tools = plan.messages, plan.template_tools
-            settings.update(plan.settings)
-        prompt = self.chat_prompt(messages, tools=tools, **(template_kwargs or {}))
-        out = self.generate(prompt, pipeline=pipeline, **settings)
-        if plan is not None and plan.calls_allowed:
-            with_calls(out, plan)
+        request = build_chat(
+            self,
+            messages,
+            settings,
+            tools=tools,
+            tool_choice=tool_choice,
+            parallel_tool_calls=parallel_tool_calls,
+            response_format=response_format,
+            template_kwargs=template_kwargs,
+        )
+        out = self.generate(request.prompt, pipeline=pipeline, **request.settings)
+        if request.plan is not None and request.plan.calls_allowed:
+            with_calls(out, request.plan)
         return out
 
     def chat_prompt(
@@ -329,21 +314,18 @@ class TextGenerator:
         per-row settings) each row's own seed."""
         pipeline = self._pipeline_layer(pipeline)  # a file is read once, not per row
         base = self.resolve_config(settings, pipeline=pipeline).config
-        rows, single, row_settings = self.prompts.encode(prompts)
+        rows, single, owns = self.prompts.encode(prompts)
         configs = []
-        for i, own in enumerate(row_settings):
+        for i, own in enumerate(owns):
             if not own:
                 configs.append(base)
                 continue
-            call = settings
-            if any(key in own for key in CONSTRAINT_FIELDS):  # the row's constraint replaces
-                call = {k: v for k, v in settings.items() if k not in CONSTRAINT_FIELDS}
             try:
-                config = self.resolve_config({**call, **own}, pipeline=pipeline).config
+                config = self.resolve_config(row_settings(settings, own), pipeline=pipeline).config
             except ConfigError as exc:
-                raise ConfigError(f"prompt {i}: {exc}") from None
+                raise ConfigError(f"prompt {i}: {exc}", problems=exc.problems) from None
             configs.append(config)
-        seeds = [own.get("seed") for own in row_settings] if any(row_settings) else None
+        seeds = [own.get("seed") for own in owns] if any(owns) else None
         return rows, single, configs, seeds
 
     def _start(
@@ -352,47 +334,8 @@ class TextGenerator:
         configs: list[config_mod.GenerationConfig],
         seeds: list[int | None] | None = None,
     ) -> Generation:
-        """The step object for ``rows``: one chain per distinct settings group (one for
-        the whole batch without per-row settings); the first group's chain holds the
-        cache and the others share it. ``seeds`` (per-row settings only): each row's own
-        seed, so its sampler keeps one random stream per row."""
-        copies = max(configs[0].num_beams, configs[0].num_return_sequences)
-        if copies > 1:
-            rows = [row for row in rows for _ in range(copies)]
-            configs = [c for c in configs for _ in range(copies)]
-            seeds = [s for s in seeds for _ in range(copies)] if seeds else None
-        prompt_length = max(len(r) for r in rows)
-        groups: dict[str, list[int]] = {}
-        for row, config in enumerate(configs):
-            groups.setdefault(_settings_key(config), []).append(row)
-        chains: dict[str, Any] = {}
-        cache = None
-        if len(groups) > 1:  # one cache for the whole batch, whichever group comes first
-            whole = self.context(rows, configs[0])
-            name, params = cache_spec(configs[0], whole)
-            cache = (name, self.registry.create("kv_cache", name, params, whole))
-        max_length = 0
-        for key, members in groups.items():
-            config = configs[members[0]]
-            row_seeds = tuple(seeds[r] for r in members) if seeds is not None else ()
-            ctx = self.context(
-                [rows[r] for r in members], config, prompt_length=prompt_length, row_seeds=row_seeds
-            )
-            chains[key] = build_chain(self.registry, ctx, cache=cache)
-            cache = cache or (chains[key].cache_name, chains[key].cache)
-            max_length = max(max_length, ctx.max_length)
-        row_chains = [chains[_settings_key(c)] for c in configs] if len(chains) > 1 else None
-        first = next(iter(chains.values()))
-        base = configs[0]
-        return Generation(
-            self.model,
-            first,
-            rows,
-            max_length=max_length,
-            pad_token_id=base.padding_id,
-            tokenizer=self.tokenizer,
-            row_chains=row_chains,
-        )
+        """The step object for ``rows`` (``ortgen.request.start``)."""
+        return start_generation(self, rows, configs, seeds)
 
     def context(
         self,
@@ -427,23 +370,10 @@ class TextGenerator:
         """The one context-length rule, for the library and the server alike: a request
         may ask for more tokens than the model's context holds, and then ends at the
         context with finish reason "length" (clipped, as llama.cpp does; nothing already
-        generated is lost). A prompt that alone fills the context is refused
-        (``PromptEncoder.check_ids``), and so is a ``max_length`` that leaves no room
-        after the prompt. A cache that keeps positions within a window lifts the limit."""
-        if config.max_new_tokens is not None:
-            max_length = prompt_length + config.max_new_tokens
-        else:
-            assert config.max_length is not None
-            max_length = config.max_length
-            if max_length <= prompt_length:
-                raise InputError(
-                    f"max_length={max_length} leaves no room after the {prompt_length}-token "
-                    "prompt; set max_new_tokens instead"
-                )
-        context = self.model.max_context
-        if context and not self._cache_lifts_context(config):
-            return min(max_length, context)
-        return max_length
+        generated is lost); see ``ortgen.request.context``. A cache that keeps positions
+        within a window lifts the limit."""
+        lifted = self._cache_lifts_context(config)
+        return context_max_length(config, prompt_length, self.model.max_context, lifted=lifted)
 
     def _cache_lifts_context(self, config: config_mod.GenerationConfig) -> bool:
         """True when the configured cache keeps positions within a window (its factory's
@@ -469,7 +399,7 @@ def load(
     """Load a model folder or a GGUF file (built into a cached folder on first use, see
     :mod:`ortgen.gguf`); without a path, the pipeline's ``model`` or else the default model
     (built on first use). ``pipeline`` (a pipeline file or a loaded
-    :class:`~ortgen.pipeline.Pipeline`) becomes the pipeline layer of every call, and its
+    :class:`~ortgen.config.pipeline.Pipeline`) becomes the pipeline layer of every call, and its
     ``[plugins] disable`` list is honoured. ``threads`` is onnxruntime's intra-op threads
     (default: the usable cores); between two parallel ops its idle workers spin
     ``spin_us`` microseconds before they sleep (None: ``ortgen.model.DEFAULT_SPIN_US``,

@@ -14,6 +14,7 @@ from typing import Any
 
 from . import structured_settings
 from .config import GenerationConfig
+from .errors import ConfigError
 from .loop import scoring
 from .loop.chain import Chain, Spec
 from .protocols import (
@@ -182,6 +183,22 @@ def cache_spec(config: GenerationConfig, ctx: GenerationContext) -> Spec:
     return ("static" if shared else "dynamic"), {}
 
 
+#: processors named unlike the setting that turns them on
+_PROCESSOR_FIELDS = {"dry": "dry_multiplier", "xtc": "xtc_probability"}
+
+
+def _processor_field(spec: Spec, config: GenerationConfig, explicit: bool) -> str | None:
+    """The setting that put a processor in the chain, for an error about it."""
+    name = spec[0]
+    if explicit:
+        return "logits_processors"
+    if name == "grammar":
+        found = structured_settings.constraint(config)
+        return found[0] if found else None
+    name = _PROCESSOR_FIELDS.get(name, name)
+    return name if hasattr(config, name) else None
+
+
 def _explicit(components: tuple[Mapping[str, Any], ...]) -> list[Spec]:
     return [(spec["name"], {k: v for k, v in spec.items() if k != "name"}) for spec in components]
 
@@ -200,17 +217,34 @@ def build_chain(
     """
     config = ctx.config
 
-    def create(kind: str, spec: Spec) -> tuple[str, Any]:
+    def create(kind: str, spec: Spec, field: str | None) -> tuple[str, Any]:
+        """The component, or a ConfigError about the setting that asked for it."""
         name, params = spec
-        return name, registry.create(kind, name, params, ctx)
+        try:
+            return name, registry.create(kind, name, params, ctx)
+        except ConfigError as exc:
+            if exc.field is not None:
+                raise
+            raise ConfigError(str(exc), problems=[(field, str(exc))]) from exc.__cause__
 
-    cache_name, cache_backend = cache or create("kv_cache", cache_spec(config, ctx))
+    processors = processor_specs(config, ctx)
+    given = _explicit(config.logits_processors)
+    cache_name, cache_backend = cache or create("kv_cache", cache_spec(config, ctx), "cache")
     drafter = drafter_spec(config)
+    drafter_field = "drafter" if config.drafter is not None else "prompt_lookup_num_tokens"
     return Chain(
-        drafter=create("drafter", drafter) if drafter is not None else None,
-        processors=[create("logits_processor", s) for s in processor_specs(config, ctx)],
-        sampler=create("sampler", sampler_spec(config)),
-        stopping=[create("stopping_criterion", s) for s in stopping_specs(config, ctx.max_length)],
+        drafter=create("drafter", drafter, drafter_field) if drafter is not None else None,
+        processors=[
+            create("logits_processor", s, _processor_field(s, config, s in given))
+            for s in processors
+        ],
+        sampler=create("sampler", sampler_spec(config), "sampler" if config.sampler else None),
+        stopping=[
+            create(
+                "stopping_criterion", s, "stopping_criteria" if config.stopping_criteria else None
+            )
+            for s in stopping_specs(config, ctx.max_length)
+        ],
         cache=cache_backend,
         cache_name=cache_name,
         stop_strings=tuple(config.stop_strings or ()),

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+#: one problem of a request: the setting or input it is about (an ortgen setting name
+#: such as ``top_p``, or ``prompt``, ``messages[2]``, ``tools``; None when it is about
+#: no one field), and the sentence that says what is wrong
+Problem = tuple[str | None, str]
 
 
 class OrtgenError(Exception):
@@ -18,11 +24,32 @@ class ExportError(OrtgenError):
 
 
 class ConfigError(OrtgenError, ValueError):
-    """A generation setting is unknown, out of range or contradicts another."""
+    """A generation setting is unknown, out of range or contradicts another.
+
+    ``problems`` lists every problem as ``(field, message)``: a caller that answers for
+    another vocabulary (the server names OpenAI's fields) maps ``field`` instead of
+    reading the message, so rewording a message never moves the blame."""
+
+    def __init__(self, message: str, *, problems: Sequence[Problem] = ()) -> None:
+        super().__init__(message)
+        self.problems: tuple[Problem, ...] = tuple(problems) or ((None, message),)
+
+    @property
+    def field(self) -> str | None:
+        """The setting the first problem is about."""
+        return self.problems[0][0]
 
 
 class InputError(OrtgenError, ValueError):
-    """A prompt or other request input cannot be generated from."""
+    """A prompt or other request input cannot be generated from.
+
+    ``field``: the input or setting at fault (``prompt``, ``messages[0].content[1]``,
+    ``tool_choice``, ``max_new_tokens``, ...), or None; the server's ``param`` comes from
+    it, never from the message."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class OutputError(InputError):

@@ -45,14 +45,16 @@ def row_settings(item: Mapping[str, Any]) -> dict[str, Any]:
     if len(given) != 1:
         raise InputError(
             'a row needs exactly one of "prompt" (text or token ids) or "messages" '
-            f"(a chat), got keys {sorted(map(str, item)) or 'none'}"
+            f"(a chat), got keys {sorted(map(str, item)) or 'none'}",
+            field="prompt",
         )
     own = {k: v for k, v in item.items() if k not in ROW_PROMPT_KEYS}
     batch_wide = sorted(set(own) & BATCH_WIDE_SETTINGS)
     if batch_wide:
         raise InputError(
             f"a row cannot set {', '.join(batch_wide)}: it applies to the whole batch "
-            "(set it for the whole request: a call argument or the pipeline's [generation])"
+            "(set it for the whole request: a call argument or the pipeline's [generation])",
+            field="prompt",
         )
     return own
 
@@ -82,7 +84,8 @@ class PromptEncoder:
         if isinstance(prompts, bytes | bytearray):
             raise InputError(
                 "a prompt is text or token ids, not bytes: decode them first "
-                "(b'...'.decode('utf-8')), or give the ids as a list of ints"
+                "(b'...'.decode('utf-8')), or give the ids as a list of ints",
+                field="prompt",
             )
         if isinstance(prompts, str):
             return [self.encode_text(prompts, 0)], True, [{}]
@@ -91,16 +94,20 @@ class PromptEncoder:
             return [row], True, [own]
         if isinstance(prompts, np.ndarray):
             if prompts.dtype.kind not in "iu":
-                raise InputError(f"token ids must be integers, got an array of {prompts.dtype}")
+                raise InputError(
+                    f"token ids must be integers, got an array of {prompts.dtype}", field="prompt"
+                )
             if prompts.ndim == 1:
                 return [self.check_ids(prompts.tolist(), 0)], True, [{}]
             if prompts.ndim == 2:
                 rows = [self.check_ids(r, i) for i, r in enumerate(prompts.tolist())]
                 return rows, False, [{} for _ in rows]
-            raise InputError(f"token-id prompts must be 1-D or 2-D, got shape {prompts.shape}")
+            raise InputError(
+                f"token-id prompts must be 1-D or 2-D, got shape {prompts.shape}", field="prompt"
+            )
         items: list[Any] = list(prompts)
         if not items:
-            raise InputError("no prompt given (an empty list)")
+            raise InputError("no prompt given (an empty list)", field="prompt")
         if all(isinstance(x, int | np.integer) for x in items):
             return [self.check_ids(token_ids(items, 0), 0)], True, [{}]
         rows, settings = [], []
@@ -115,7 +122,8 @@ class PromptEncoder:
             else:
                 raise InputError(
                     f"prompt {i} is a {type(item).__name__}; give text, token ids or a dict "
-                    'with "prompt" or "messages"'
+                    'with "prompt" or "messages"',
+                    field="prompt",
                 )
             rows.append(row)
             settings.append(own)
@@ -126,7 +134,7 @@ class PromptEncoder:
         try:
             own = row_settings(item)
         except InputError as exc:
-            raise InputError(f"prompt {index}: {exc}") from None
+            raise InputError(f"prompt {index}: {exc}", field="prompt") from None
         if "messages" in item:
             return self.check_ids(self._chat_prompt(item["messages"]), index), own
         value = item["prompt"]
@@ -134,26 +142,29 @@ class PromptEncoder:
             return self.encode_text(value, index), own
         if isinstance(value, Sequence | np.ndarray) and not isinstance(value, bytes):
             return self.check_ids(token_ids(value, index), index), own
-        raise InputError(f'prompt {index}: "prompt" must be text or token ids')
+        raise InputError(f'prompt {index}: "prompt" must be text or token ids', field="prompt")
 
     def encode_text(self, text: str, index: int) -> list[int]:
         if not text:
-            raise InputError(f"prompt {index} is empty")
+            raise InputError(f"prompt {index} is empty", field="prompt")
         ids = self._need_tokenizer("a text prompt").encode(text)
         return self.check_ids(ids, index)
 
     def check_ids(self, ids: list[int], index: int) -> list[int]:
         if not ids:
-            raise InputError(f"prompt {index} is empty (no tokens)")
+            raise InputError(f"prompt {index} is empty (no tokens)", field="prompt")
         vocab = self.vocab_size
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
-            raise InputError(f"prompt {index} has token ids outside [0, {vocab}): {bad[:5]}")
+            raise InputError(
+                f"prompt {index} has token ids outside [0, {vocab}): {bad[:5]}", field="prompt"
+            )
         context = self.max_context
         if context is not None and len(ids) >= context:
             raise InputError(
                 f"prompt {index} has {len(ids)} tokens; the model's context is {context} tokens, "
-                "which leaves no room to generate. Shorten the prompt."
+                "which leaves no room to generate. Shorten the prompt.",
+                field="prompt",
             )
         return ids
 
@@ -163,14 +174,16 @@ def token_ids(values: Any, index: int) -> list[int]:
     bools and anything else are refused, naming the prompt and the first bad value."""
     if isinstance(values, bytes | bytearray | str):
         raise InputError(
-            f"prompt {index}: token ids must be a list of ints, got {type(values).__name__}"
+            f"prompt {index}: token ids must be a list of ints, got {type(values).__name__}",
+            field="prompt",
         )
     ids = []
     for value in values:
         if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
             raise InputError(
                 f"prompt {index}: token ids must be integers, got {value!r} "
-                f"({type(value).__name__})"
+                f"({type(value).__name__})",
+                field="prompt",
             )
         ids.append(int(value))
     return ids

@@ -42,7 +42,8 @@ def response_format_settings(response_format: Any) -> dict[str, Any]:
     if not isinstance(response_format, dict) or not isinstance(response_format.get("type"), str):
         raise InputError(
             'response_format must be {"type": "text" | "json_object" | "json_schema", ...}, '
-            f"got {response_format!r:.80}"
+            f"got {response_format!r:.80}",
+            field="response_format",
         )
     kind = response_format["type"]
     if kind == "text":
@@ -55,9 +56,11 @@ def response_format_settings(response_format: Any) -> dict[str, Any]:
         if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict | bool):
             raise InputError(
                 'response_format json_schema needs {"json_schema": {"name": ..., "schema": '
-                "{...}}}: the schema is missing"
+                "{...}}}: the schema is missing",
+                field="response_format",
             )
         return {"json_schema": spec["schema"]}
     raise InputError(
-        f"response_format type {kind!r} is not supported; use text, json_object or json_schema"
+        f"response_format type {kind!r} is not supported; use text, json_object or json_schema",
+        field="response_format",
     )

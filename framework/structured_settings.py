@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .errors import Problem
+
 if TYPE_CHECKING:
     from .config import GenerationConfig
 
@@ -88,12 +90,15 @@ def constraint(config: GenerationConfig) -> tuple[str, Any] | None:
     return (given[0], getattr(config, given[0])) if given else None
 
 
-def validate(config: GenerationConfig) -> list[str]:
-    """Contradictions among the structured-output settings."""
+def validate(config: GenerationConfig) -> list[Problem]:
+    """Contradictions among the structured-output settings (about the first one set)."""
     given = _given(config)
     if len(given) > 1:
         return [
-            f"{' and '.join(given)} are set together: a request's output follows one constraint "
-            "(json_schema, json_object, regex, grammar or choice)"
+            (
+                given[0],
+                f"{' and '.join(given)} are set together: a request's output follows one "
+                "constraint (json_schema, json_object, regex, grammar or choice)",
+            )
         ]
     return []

@@ -76,7 +76,10 @@ def plan_tools(
     functions = _check_tools(tools) if tools else {}
     choice = _check_choice(tool_choice, functions)
     if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
-        raise InputError(f"parallel_tool_calls must be true or false, got {parallel_tool_calls!r}")
+        raise InputError(
+            f"parallel_tool_calls must be true or false, got {parallel_tool_calls!r}",
+            field="parallel_tool_calls",
+        )
     parallel = parallel_tool_calls is not False
     conversation = [dict(m) for m in messages]  # callers check their shape first
     if not hermes:
@@ -161,7 +164,9 @@ def _partial_response(text: str) -> str:
 def _check_tools(tools: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """name -> parameters schema, each tool checked (OpenAI's shape)."""
     if isinstance(tools, str | bytes) or not isinstance(tools, Sequence):
-        raise InputError(f"tools must be a list of tools, got {type(tools).__name__}")
+        raise InputError(
+            f"tools must be a list of tools, got {type(tools).__name__}", field="tools"
+        )
     functions: dict[str, dict[str, Any]] = {}
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
@@ -173,19 +178,23 @@ def _check_tools(tools: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]
         ):
             raise InputError(
                 f'{where} must be {{"type": "function", "function": {{"name": ..., '
-                f'"parameters": {{...}}}}}}, got {tool!r:.80}'
+                f'"parameters": {{...}}}}}}, got {tool!r:.80}',
+                field="tools",
             )
         name = function.get("name")
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", name):
             raise InputError(
                 f"{where}.function.name must be 1-64 letters, digits, '_', '.', ':' or '-', "
-                f"got {name!r}"
+                f"got {name!r}",
+                field="tools",
             )
         if name in functions:
-            raise InputError(f"{where}.function.name {name!r} is given twice")
+            raise InputError(f"{where}.function.name {name!r} is given twice", field="tools")
         parameters = function.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(parameters, Mapping):
-            raise InputError(f"{where}.function.parameters must be a JSON Schema object")
+            raise InputError(
+                f"{where}.function.parameters must be a JSON Schema object", field="tools"
+            )
         functions[name] = dict(parameters)
     return functions
 
@@ -196,17 +205,20 @@ def _check_choice(choice: Any, functions: Mapping[str, Any]) -> str:
         return "auto" if functions else "none"
     if choice in ("none", "auto", "required"):
         if choice == "required" and not functions:
-            raise InputError('tool_choice "required" needs tools')
+            raise InputError('tool_choice "required" needs tools', field="tool_choice")
         return choice
     function = choice.get("function") if isinstance(choice, Mapping) else None
     name = function.get("name") if isinstance(function, Mapping) else None
     if not isinstance(choice, Mapping) or choice.get("type") != "function" or not name:
         raise InputError(
             'tool_choice must be "none", "auto", "required" or {"type": "function", '
-            f'"function": {{"name": ...}}}}, got {choice!r:.80}'
+            f'"function": {{"name": ...}}}}, got {choice!r:.80}',
+            field="tool_choice",
         )
     if name not in functions:
-        raise InputError(f"tool_choice names {name!r}, which is not among the tools")
+        raise InputError(
+            f"tool_choice names {name!r}, which is not among the tools", field="tool_choice"
+        )
     return name
 
 
@@ -339,7 +351,8 @@ def _written(call: Any, index: int) -> dict[str, Any]:
     if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
         raise InputError(
             f'messages[{index}].tool_calls: each call must be {{"type": "function", '
-            f'"function": {{"name": ..., "arguments": ...}}}}, got {call!r:.80}'
+            f'"function": {{"name": ..., "arguments": ...}}}}, got {call!r:.80}',
+            field=f"messages[{index}]",
         )
     return {"name": function["name"], "arguments": _arguments(function)}
 

@@ -9,6 +9,12 @@ Both follow the graph's KV layout (``GraphSignature.kv_layout``):
   the past; a static cache gives them two preallocated buffers per tensor and
   swaps them each step (ping-pong), so onnxruntime writes into memory the cache
   owns instead of allocating a new tensor per step.
+
+Public for composing (docs/plugins.md, "Composing a built-in cache"): ``DynamicCache``,
+``StaticCache`` (their keyword arguments and the ``KVCache`` members and capabilities they
+have), and the helpers ``as_numpy`` and ``copy_arrays``; a plugin may wrap or subclass
+them. Their attributes starting with ``_`` are not, nor is any other module of
+``ortgen.plugins``.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ import numpy as np
 import onnxruntime as ort
 
 from ortgen import GenerationContext, Register, hookimpl
+
+__all__ = ["DynamicCache", "StaticCache", "as_numpy", "copy_arrays"]
 
 
 class DynamicCache:

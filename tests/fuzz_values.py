@@ -11,16 +11,11 @@ from typing import Any
 from hypothesis import strategies as st
 
 from ortgen.config import FIELDS, IGNORED_HF_FIELDS, UNSUPPORTED_HF_FIELDS
-from ortgen.config_values import BOOL_FIELDS, FLOAT_FIELDS, INT_FIELDS, TOKEN_LIST_FIELDS
+from ortgen.config.values import BOOL_FIELDS, FLOAT_FIELDS, INT_FIELDS, TOKEN_LIST_FIELDS
 from ortgen.plugin_manager import build_registry, make_plugin_manager
+from ortgen.request import COMPONENT_KINDS
 
 REGISTRY = build_registry(make_plugin_manager())
-COMPONENT_KINDS = {
-    "sampler": "sampler",
-    "cache": "kv_cache",
-    "logits_processors": "logits_processor",
-    "stopping_criteria": "stopping_criterion",
-}
 SETTING_KEYS = sorted({*FIELDS, *IGNORED_HF_FIELDS, *UNSUPPORTED_HF_FIELDS})
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
@@ -76,7 +71,7 @@ def typed_value(key: str) -> st.SearchStrategy[Any]:
     elif key == "logit_bias":
         own = st.dictionaries(st.integers(0, 300).map(str), FLOAT, max_size=3)
     elif key in ("cache", "sampler", "drafter"):
-        own = st.one_of(st.sampled_from(REGISTRY.names(COMPONENT_KINDS.get(key, "drafter"))), TEXT)
+        own = st.one_of(st.sampled_from(REGISTRY.names(COMPONENT_KINDS[key])), TEXT)
     elif key == "json_schema":
         own = st.sampled_from(
             [{"type": "object"}, {"type": "integer"}, '{"type": "string"}', "{", {"type": 3}]

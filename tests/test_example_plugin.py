@@ -128,6 +128,8 @@ def test_cli_lists_the_components_under_the_entry_point_name(plugin_site: Path) 
         ("logits_processor", "ban_tokens"): ("example", ["token_ids"]),
         ("logits_processor", "seen_token_penalty"): ("example", ["penalty"]),
         ("stopping_criterion", "stop_tokens"): ("example", ["token_ids"]),
+        ("drafter", "repeat_token"): ("example", ["num_tokens", "min_run"]),
+        ("kv_cache", "capped_static"): ("example", ["max_positions"]),
     }
 
 

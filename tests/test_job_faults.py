@@ -34,11 +34,13 @@ ROWS = [{"id": i, "prompt": [1 + i % 50, 2, 3 + i % 7, i % 200]} for i in range(
 TOKENS = 16
 
 
-def job_args(tmp_path: Path, model: Path, source: Path, out: Path, *extra: str) -> list[str]:
+def job_args(
+    tmp_path: Path, model: Path, source: Path, out: Path, *extra: str, tokens: int = TOKENS
+) -> list[str]:
     pipeline = tmp_path / "p.toml"
     pipeline.write_text(f'model = "{model}"\n')
     args = [*CLI, "run", str(pipeline), "--input", str(source), "--output", str(out)]
-    args += ["--batch-size", "1", "--threads", "1", "--max-new-tokens", str(TOKENS)]
+    args += ["--batch-size", "1", "--threads", "1", "--max-new-tokens", str(tokens)]
     return [*args, "--set", "eos_token_id=null", *extra]
 
 
@@ -65,7 +67,9 @@ def assert_complete(out: Path, reference: dict[int, list[int]]) -> None:
 LONG = [{"id": i, "prompt": [1 + i % 50, 2, 3 + i % 7, i % 200]} for i in range(400)]
 
 
-def rerun_completes(args: list[str], out: Path, gen, kept: int | None = None) -> None:
+def rerun_completes(
+    args: list[str], out: Path, gen, kept: int | None = None, tokens: int = TOKENS
+) -> None:
     """The same command (in batches of 16: resume is by id) completes the long job: every
     id once, the tokens generate gives for the first rows, no lock left."""
     rerun = subprocess.run([*args, "--batch-size", "16"], capture_output=True, text=True)
@@ -75,7 +79,7 @@ def rerun_completes(args: list[str], out: Path, gen, kept: int | None = None) ->
     results = read_results(out)  # fails on an id written twice or a torn line
     assert sorted(results) == list(range(len(LONG)))
     requests = [{"prompt": r["prompt"]} for r in LONG[:20]]
-    expected = gen.generate(requests, max_new_tokens=TOKENS, eos_token_id=None)
+    expected = gen.generate(requests, max_new_tokens=tokens, eos_token_id=None)
     assert [results[i]["tokens"] for i in range(20)] == expected.tokens
     assert not lock_path(out).exists()
 
@@ -352,9 +356,12 @@ def test_a_device_is_not_an_output(tiny_llama_gen, tmp_path):
 def test_a_signal_mid_job_stops_it_cleanly_and_a_rerun_resumes(
     tiny_model_dirs, tiny_llama_gen, tmp_path, sig, code
 ):
+    """Rows of 64 tokens: the whole job takes ~30 s alone, so the signal lands mid-job
+    even when a loaded machine starves this test's polling for seconds (with 16 tokens
+    a CI run under load once saw the 400 rows finish before the signal was sent)."""
     source = write_jsonl(tmp_path / "rows.jsonl", LONG)
     out = tmp_path / "out.jsonl"
-    args = job_args(tmp_path, tiny_model_dirs["llama"][1], source, out)
+    args = job_args(tmp_path, tiny_model_dirs["llama"][1], source, out, tokens=64)
     job = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_lines(job, out, 5)
     job.send_signal(sig)
@@ -365,7 +372,7 @@ def test_a_signal_mid_job_stops_it_cleanly_and_a_rerun_resumes(
     kept = len(read_results(out))  # whole lines: the batch in flight was written or dropped
     assert 5 <= kept < len(LONG)
     assert not lock_path(out).exists()
-    rerun_completes(args, out, tiny_llama_gen, kept)
+    rerun_completes(args, out, tiny_llama_gen, kept, tokens=64)
 
 
 def test_result_lines_are_json_objects_with_the_row_id(tmp_path, tiny_llama_gen):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import ortgen
-from ortgen.pipeline import load_pipeline
+from ortgen.config.pipeline import load_pipeline
 
 PROMPT = [5, 17, 42, 99]
 

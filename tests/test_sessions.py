@@ -314,8 +314,8 @@ def test_chat_batch_refuses_a_wrong_number_of_messages_and_keeps_its_history(tex
 
 
 def test_ray_job_refuses_a_bad_spin_us_before_starting_ray(tmp_path):
+    from ortgen.config.pipeline import Pipeline
     from ortgen.jobs.ray_engine import run_ray_job
-    from ortgen.pipeline import Pipeline
 
     with pytest.raises(ortgen.InputError, match="spin_us must be a non-negative integer"):
         run_ray_job(Pipeline(), tmp_path / "rows.jsonl", tmp_path / "out.jsonl", spin_us=-1)

@@ -21,8 +21,8 @@ import pytest
 
 import ortgen
 from ortgen.cli import main
+from ortgen.config.pipeline import load_pipeline
 from ortgen.jobs import run_job
-from ortgen.pipeline import load_pipeline
 
 PERSON = {
     "type": "object",

@@ -50,6 +50,8 @@ def test_wrong_shapes_and_types_are_caught():
 
 
 def test_make_context_defaults_and_overrides():
-    ctx = make_context(vocab_size=100, eos_token_ids=[2, 3], seed=7, prompt_length=10, note="x")
+    ctx = make_context(
+        vocab_size=100, eos_token_ids=[2, 3], seed=7, prompt_length=10, extras={"note": "x"}
+    )
     assert (ctx.vocab_size, ctx.eos_token_ids, ctx.seed, ctx.config.seed) == (100, (2, 3), 7, 7)
     assert ctx.max_length == 26 and ctx.extras == {"note": "x"}

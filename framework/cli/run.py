@@ -10,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..config.pipeline import ENGINES
 from ..errors import OrtgenError
-from ..pipeline import ENGINES
 from .args import add_generation_flags, add_model_flags, plugins_of, settings_of
 from .structured import add_structured_flags
 
@@ -39,8 +39,8 @@ def add_command(sub: argparse._SubParsersAction) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     """A batch job over an input file; the flags win over the pipeline's [run] options.
     Everything that can be checked without the model is checked before it loads."""
+    from ..config.pipeline import load_pipeline
     from ..jobs import run_job
-    from ..pipeline import load_pipeline
     from ..plugin_manager import build_registry, make_plugin_manager
 
     plugins = plugins_of(args)

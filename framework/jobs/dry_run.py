@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import config as config_mod
+from ..config.pipeline import Pipeline
 from ..constraint_check import check_constraint
 from ..paths import has_model_config, not_a_model_folder
-from ..pipeline import Pipeline
+from ..request import row_settings
 from ..structured_settings import CONSTRAINT_FIELDS, constraint
 from . import check_input
 from .ray_engine import RAY_MISSING, ray_available
@@ -39,7 +40,7 @@ def dry_run(
     config_mod.resolve([*layers, ("call", dict(settings))])
 
     def check_settings(own: dict[str, Any]) -> None:
-        config = config_mod.resolve([*layers, ("call", {**settings, **own})]).config
+        config = config_mod.resolve([*layers, ("call", row_settings(settings, own))]).config
         found = constraint(config)
         if found is not None and any(key in own for key in CONSTRAINT_FIELDS):
             check_constraint(*found)

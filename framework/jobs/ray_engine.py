@@ -47,7 +47,7 @@ from .runner import (
 )
 
 if TYPE_CHECKING:
-    from ..pipeline import Pipeline
+    from ..config.pipeline import Pipeline
 
 __all__ = ["RAY_MISSING", "ray_available", "require_ray", "run_ray_job"]
 

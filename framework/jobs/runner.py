@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from ..errors import ConfigError, InputError, OrtgenError
+from ..request import row_settings
 from .check import InputReport, scan_rows
 from .progress import JobSummary, Progress
 from .results import ResultLog, open_results
@@ -140,8 +141,9 @@ class RowRunner:
         self._job_wants_json: bool | None = None  # rows without settings of their own
 
     def check_settings(self, own: dict[str, Any]) -> None:
-        """A row's settings, resolved over the job's as its request will resolve them."""
-        self.gen.resolve_config({**self.settings, **own})
+        """A row's settings, resolved over the job's as its request will resolve them
+        (``ortgen.request.row_settings``: a row's own constraint replaces the job's)."""
+        self.gen.resolve_config(row_settings(self.settings, own))
 
     def run_window(self, rows: list[InputRow]) -> Iterator[list[dict[str, Any]]]:
         """Result lines for ``rows``, a group at a time (bad rows, then each batch), so
@@ -201,7 +203,7 @@ class RowRunner:
         may ask for another schema, or for none (``"json_schema": null``). Rows without
         settings of their own share the job's answer, resolved once."""
         if own:
-            return self._asks_for_json({**self.settings, **own})
+            return self._asks_for_json(row_settings(self.settings, own))
         if self._job_wants_json is None:
             self._job_wants_json = self._asks_for_json(self.settings)
         return self._job_wants_json

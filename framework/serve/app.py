@@ -25,17 +25,17 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import ConfigError, InputError
 from ..model import max_context, read_model_config
 from ..outputs import StreamPiece
+from . import metrics as prometheus
 from .chat_page import chat_page_routes, is_page_path
 from .engine import RowHandle
 from .errors import RequestError, shutting_down
-from .metrics import render
 from .model_pool import ServedModel
 from .openai_api import ParsedRequest, parse_chat, parse_completion
 from .openapi import PUBLIC_PATHS, openapi_document
@@ -140,7 +140,7 @@ def _too_deep(value: Any, limit: int) -> bool:
 def _row_error(error: BaseException | None) -> RequestError:
     """A row the engine failed: the request's own fault (400) or the server's (500)."""
     if isinstance(error, ConfigError | InputError):
-        return RequestError(str(error))
+        return RequestError(str(error), param=error.field)
     log.error("ortgen serve: a request failed", exc_info=error)
     what = f"{type(error).__name__}: {error}" if error is not None else "unknown error"
     return RequestError(f"generation failed: {what}", status=500, kind="server_error")
@@ -336,9 +336,8 @@ async def openapi(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    state: ServerState = request.app.state.ortgen
-    text = render(state.models, state.http)
-    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+    text = prometheus.render(request.app.state.metrics)
+    return Response(text, media_type=prometheus.CONTENT_TYPE)
 
 
 # -- errors, API key, counting ---------------------------------------------------------
@@ -453,4 +452,5 @@ def build_app(state: ServerState) -> Starlette:
         lifespan=lifespan,
     )
     app.state.ortgen = state
+    app.state.metrics = prometheus.registry(state.models, state.http)  # this app's own
     return app

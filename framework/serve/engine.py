@@ -14,6 +14,7 @@ caller's thread, so a bad request fails before it is queued.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import dataclasses
 import threading
@@ -29,11 +30,17 @@ from ..errors import InputError
 from ..loop.chain import Chain
 from ..loop.generate import Generation
 from ..outputs import StreamPiece
+from ..request import start_row
 
 #: positions per row the shared cache starts with (it doubles when a row needs more)
 SLOT_POSITIONS = 256
 #: what ends a row's piece stream when the engine itself fails the row
 _ERROR = "error"
+#: upper bounds (seconds) of the time-to-first-token histogram's buckets (/metrics): from
+#: a short prompt's prefill on a small model (tens of ms on a CPU) to a long prompt that
+#: waited behind a full batch (a minute); the last catches the rest
+FIRST_TOKEN_BUCKETS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0)
+FIRST_TOKEN_BUCKETS += (7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, float("inf"))
 
 
 class QueueFull(InputError):
@@ -64,7 +71,18 @@ class EngineStats:
     first_token_s: collections.deque = field(default_factory=lambda: collections.deque(maxlen=512))
     first_token_sum: float = 0.0  # seconds, over every row that produced a token
     first_token_count: int = 0
+    #: rows per FIRST_TOKEN_BUCKETS bucket (each counted once, not cumulative)
+    first_token_buckets: list[int] = field(default_factory=lambda: [0] * len(FIRST_TOKEN_BUCKETS))
     decode_tokens_per_s: float = 0.0
+
+    def count_first_token(self, seconds: float) -> None:
+        """One more row whose first token came ``seconds`` after it was queued: kept in
+        the recent window (the summary's quantiles) and counted in the cumulative sum,
+        count and histogram bucket, which a window would lose between two scrapes."""
+        self.first_token_s.append(seconds)
+        self.first_token_sum += seconds
+        self.first_token_count += 1
+        self.first_token_buckets[bisect.bisect_left(FIRST_TOKEN_BUCKETS, seconds)] += 1
 
     def count_outcome(self, outcome: str) -> None:
         """One more row that ended ``outcome`` ("finished", "failed" or "cancelled")."""
@@ -113,10 +131,13 @@ class RowHandle:
     # -- called from the engine thread ---------------------------------------------
 
     def push(self, piece: StreamPiece) -> None:
-        if self.first_token_s is None:
-            self.first_token_s = time.perf_counter() - self.submitted
+        self.note_first_token()
         self.tokens += 1
         self._loop.call_soon_threadsafe(self._queue.put_nowait, piece)
+
+    def note_first_token(self) -> None:
+        if self.first_token_s is None:
+            self.first_token_s = time.perf_counter() - self.submitted
 
     def fail(self, error: Exception) -> None:
         self.error = error
@@ -170,11 +191,14 @@ class Engine:
         config = self.gen.resolve_config(settings).config
         self.gen.prompts.check_ids(prompt, 0)
         if config.cache is not None:
-            raise InputError("the server manages the KV cache itself; remove `cache`")
+            raise InputError(
+                "the server manages the KV cache itself; remove `cache`", field="cache"
+            )
         if config.num_beams != 1 or config.num_return_sequences != 1:
             raise InputError(
                 "the server runs one sequence per row: num_beams and "
-                "num_return_sequences must be 1 (ask for n choices instead)"
+                "num_return_sequences must be 1 (ask for n choices instead)",
+                field="num_beams",
             )
         self.gen.max_length(config, len(prompt))  # the library's rule: clipped at the context
         return config
@@ -289,17 +313,19 @@ class Engine:
                 self.stats.batch_size = 0
                 continue
             seconds = time.perf_counter() - started
-            produced = 0
+            made: list[tuple[RowHandle, list[StreamPiece]]] = []
             for row, handle in enumerate(rows):
                 error = batch.errors[row]
                 if error is not None:  # its own component raised: only this row ends
                     self._fail(handle, error)
                     continue
-                for piece in StreamPiece.since(batch, row, starts[row]):
-                    handle.push(piece)
-                    produced += 1
-            self._rate(produced, seconds)
+                made.append((handle, StreamPiece.since(batch, row, starts[row])))
+            # counted before any client hears of them: /metrics never lags an answer
+            self._rate(sum(len(pieces) for _, pieces in made), seconds)
             self._count_drafts(batch, drafts)
+            for handle, pieces in made:
+                for piece in pieces:
+                    self._deliver(handle, piece)
             self._leave(rows, [r for r in range(len(rows)) if not batch.unfinished[r]], None)
             self.stats.batch_size = len(rows)
 
@@ -321,13 +347,13 @@ class Engine:
             self._fail(handle, exc)
             return
         rows.append(handle)
+        self.stats.generated_tokens += 1
         error = batch.errors[row]
         if error is not None:
             self._fail(handle, error)
         else:
             for piece in StreamPiece.since(batch, row, batch.row_end(row) - 1):
-                handle.push(piece)
-        self.stats.generated_tokens += 1
+                self._deliver(handle, piece)
 
     def _leave(self, rows: list[RowHandle], gone: list[int], outcome: str | None) -> None:
         """Release ``gone`` rows from the batch; ``rows`` follows the batch's new order."""
@@ -396,7 +422,8 @@ class Engine:
             return
         self.stats.batch_size = 1
         try:
-            state = self.gen.start([handle.prompt], **handle.settings)
+            config = self.gen.resolve_config(handle.settings).config
+            state = start_row(self.gen, handle.prompt, config, handle.chain)  # built once
             while not state.is_done:
                 if handle.cancelled.is_set():
                     self._finish(handle, "cancelled")
@@ -406,10 +433,11 @@ class Engine:
                 state.step()
                 pieces = StreamPiece.since(state, 0, start)
                 self._rate(len(pieces), time.perf_counter() - started)
-                for piece in pieces:
-                    handle.push(piece)
                 self._count_drafts(state, drafts)
-            self._finish(handle, "finished")
+                for piece in pieces:
+                    self._deliver(handle, piece)
+            if handle.outcome is None:  # its last piece counted it already
+                self._finish(handle, "finished")
         except Exception as exc:  # a plugin or the model failed: only this row ends
             self._fail(handle, exc)
         finally:
@@ -422,13 +450,19 @@ class Engine:
             self._finish(handle, "failed")
         handle.fail(error)
 
+    def _deliver(self, handle: RowHandle, piece: StreamPiece) -> None:
+        """Hand ``piece`` to the row's client; a row's last piece is counted as finished
+        first, so a scrape of /metrics right after an answer already counts its row."""
+        if piece.finish_reason is not None and handle.outcome is None:
+            handle.note_first_token()
+            self._finish(handle, "finished")
+        handle.push(piece)
+
     def _finish(self, handle: RowHandle, outcome: str) -> None:
         handle.outcome = outcome
         self.stats.count_outcome(outcome)
         self.stats.prompt_tokens += len(handle.prompt)
         if handle.first_token_s is not None:
-            self.stats.first_token_s.append(handle.first_token_s)
-            self.stats.first_token_sum += handle.first_token_s
-            self.stats.first_token_count += 1
+            self.stats.count_first_token(handle.first_token_s)
         if outcome == "cancelled":
             handle._loop.call_soon_threadsafe(handle._queue.put_nowait, None)

@@ -1,22 +1,50 @@
 """``GET /metrics``: the engines' counters in Prometheus' text exposition format, labelled
 by model.
 
-Written by hand (a dozen lines of text) rather than with ``prometheus_client``, so serving
-needs no further dependency. Counters only grow; gauges are read at scrape time. The
-time-to-first-token quantiles come from each engine's window of recent rows
-(``EngineStats.first_token_s``); the summary's ``_sum`` and ``_count`` are cumulative
-over every row, as Prometheus expects of them.
+``prometheus_client`` writes the text (escaping, number format, the exposition rules), so
+this module only says what is measured. The counters live where they are counted (the
+engine's :class:`~ortgen.serve.engine.EngineStats`, the pool's loads, :class:`HttpStats`);
+:class:`ServerCollector` reads them at scrape time rather than mirroring each count into a
+``prometheus_client`` object, so the engine thread never waits on a metrics lock and a
+model's series outlive its unloads (its stats do). Each app has its own
+:class:`~prometheus_client.CollectorRegistry` (:func:`registry`): the process-wide default
+one would refuse a second app's series (several apps run in one test process).
+
+Time to first token is exposed twice: ``ortgen_time_to_first_token_seconds``, the summary
+dashboards already read (quantiles over each engine's window of recent rows, ``_sum`` and
+``_count`` cumulative over every row, as Prometheus expects), and
+``ortgen_time_to_first_token_histogram_seconds``, a histogram over every row
+(``engine.FIRST_TOKEN_BUCKETS``), which unlike the window's quantiles can be aggregated
+over time, models and servers with ``histogram_quantile``. One name cannot carry both:
+a histogram has no ``quantile`` series.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from .model_pool import ModelPool
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from .engine import FIRST_TOKEN_BUCKETS
+
+if TYPE_CHECKING:
+    from .model_pool import ModelPool
 
 QUANTILES = (0.5, 0.9, 0.99)
+#: the Content-Type of :func:`render`'s text (Prometheus' text format 0.0.4)
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
 
 @dataclass
@@ -40,10 +68,6 @@ def quantile(values: list[float], q: float) -> float:
     return values[rank]
 
 
-def _value(value: float) -> str:
-    return "NaN" if math.isnan(value) else f"{value:.6g}"
-
-
 def _recent(window: Iterable[float]) -> list[float]:
     """A sorted copy of the engine's window; the engine thread may append meanwhile."""
     for _ in range(5):
@@ -54,65 +78,104 @@ def _recent(window: Iterable[float]) -> list[float]:
     return []
 
 
-def _escape(value: object) -> str:
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class ServerCollector(Collector):
+    """Every series of ``/metrics``, read from the server's counters at each scrape: HTTP
+    counts for the server, the rest labelled by model (every served model, loaded or
+    not: a series does not vanish with an unload, and its counters go on growing when
+    the model is loaded again)."""
 
+    def __init__(self, models: ModelPool, http: HttpStats) -> None:
+        self.models = models
+        self.http = http
 
-def _metric(lines: list[str], name: str, kind: str, help_text: str) -> None:
-    lines.append(f"# HELP {name} {help_text}")
-    lines.append(f"# TYPE {name} {kind}")
+    def collect(self) -> Iterator[Metric]:
+        ids = list(self.models.sources)
+        yield from self._pool(ids)
+        yield from self._http()
+        yield from self._engines(ids)
+        yield from self._first_token(ids)
 
-
-def _labels(labels: Mapping[str, object]) -> str:
-    """Prometheus' label set; values escaped (a model id is a folder name: any text)."""
-    inner = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
-    return f"{{{inner}}}" if inner else ""
-
-
-def render(models: ModelPool, http: HttpStats) -> str:
-    """The exposition text for one scrape: HTTP counts for the server, the rest labelled
-    by model (every served model, loaded or not: a series does not vanish with an
-    unload, and its counters go on growing when the model is loaded again)."""
-    ids = list(models.sources)
-    lines: list[str] = []
-    _metric(lines, "ortgen_info", "gauge", "The served models (always 1).")
-    lines.extend(f"ortgen_info{_labels({'model': i})} 1" for i in ids)
-    _metric(lines, "ortgen_model_loaded", "gauge", "1 while the model is loaded, else 0.")
-    lines.extend(
-        f"ortgen_model_loaded{_labels({'model': i})} {int(models.state_of(i) == 'loaded')}"
-        for i in ids
-    )
-    for name, table, help_text in (
-        ("ortgen_model_loads_total", models.stats.loads, "Times the model was loaded."),
-        ("ortgen_model_unloads_total", models.stats.unloads, "Times it was unloaded for room."),
-    ):
-        _metric(lines, name, "counter", help_text)
-        lines.extend(f"{name}{_labels({'model': i})} {table[i]}" for i in ids)
-
-    _metric(lines, "ortgen_http_requests_total", "counter", "HTTP responses by route and code.")
-    for (route, code), value in sorted(http.responses.items()):
-        lines.append(f"ortgen_http_requests_total{_labels({'route': route, 'code': code})} {value}")
-    _metric(lines, "ortgen_requests_in_flight", "gauge", "Generation requests being answered.")
-    lines.append(f"ortgen_requests_in_flight {http.in_flight}")
-
-    stats = models.engine_stats
-    for name, attribute, kind, help_text in _ENGINE_SERIES:
-        _metric(lines, name, kind, help_text)
+    def _pool(self, ids: list[str]) -> Iterator[Metric]:
+        info = GaugeMetricFamily("ortgen_info", "The served models (always 1).", labels=["model"])
+        loaded = GaugeMetricFamily(
+            "ortgen_model_loaded", "1 while the model is loaded, else 0.", labels=["model"]
+        )
         for i in ids:
-            value = getattr(stats[i], attribute)
-            shown = value if kind == "counter" else f"{float(value):g}"
-            lines.append(f"{name}{_labels({'model': i})} {shown}")
+            info.add_metric([i], 1)
+            loaded.add_metric([i], int(self.models.state_of(i) == "loaded"))
+        yield info
+        yield loaded
+        stats = self.models.stats
+        for name, table, help_text in (
+            ("ortgen_model_loads_total", stats.loads, "Times the model was loaded."),
+            ("ortgen_model_unloads_total", stats.unloads, "Times it was unloaded for room."),
+        ):
+            family = CounterMetricFamily(name, help_text, labels=["model"])
+            for i in ids:
+                family.add_metric([i], table[i])
+            yield family
 
-    name = "ortgen_time_to_first_token_seconds"
-    _metric(lines, name, "summary", "From queuing a row to its first token.")
-    for i in ids:
-        recent = _recent(stats[i].first_token_s)
-        for q in QUANTILES:
-            estimate = _value(quantile(recent, q))
-            lines.append(f"{name}{_labels({'model': i, 'quantile': q})} {estimate}")
-        lines.append(f"{name}_sum{_labels({'model': i})} {stats[i].first_token_sum:.6g}")
-        lines.append(f"{name}_count{_labels({'model': i})} {stats[i].first_token_count}")
-    return "\n".join(lines) + "\n"
+    def _http(self) -> Iterator[Metric]:
+        responses = CounterMetricFamily(
+            "ortgen_http_requests_total",
+            "HTTP responses by route and code.",
+            labels=["route", "code"],
+        )
+        for (route, code), value in sorted(self.http.responses.items()):
+            responses.add_metric([route, str(code)], value)
+        yield responses
+        yield GaugeMetricFamily(
+            "ortgen_requests_in_flight",
+            "Generation requests being answered.",
+            value=self.http.in_flight,
+        )
+
+    def _engines(self, ids: list[str]) -> Iterator[Metric]:
+        stats = self.models.engine_stats
+        for name, attribute, kind, help_text in _ENGINE_SERIES:
+            make = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            family = make(name, help_text, labels=["model"])
+            for i in ids:
+                family.add_metric([i], getattr(stats[i], attribute))
+            yield family
+
+    def _first_token(self, ids: list[str]) -> Iterator[Metric]:
+        name = "ortgen_time_to_first_token_seconds"
+        help_text = "From queuing a row to its first token."
+        # prometheus_client's SummaryMetricFamily has no quantile series: built by hand
+        summary = Metric(name, help_text, "summary")
+        histogram = HistogramMetricFamily(
+            "ortgen_time_to_first_token_histogram_seconds",
+            help_text + " Every row, in buckets.",
+            labels=["model"],
+        )
+        for i in ids:
+            stats = self.models.engine_stats[i]
+            recent = _recent(stats.first_token_s)
+            for q in QUANTILES:
+                summary.add_sample(name, {"model": i, "quantile": str(q)}, quantile(recent, q))
+            summary.add_sample(f"{name}_sum", {"model": i}, stats.first_token_sum)
+            summary.add_sample(f"{name}_count", {"model": i}, stats.first_token_count)
+            counts = list(stats.first_token_buckets)  # one snapshot: +Inf is their total
+            cumulative, buckets = 0, []
+            for bound, count in zip(FIRST_TOKEN_BUCKETS, counts, strict=True):
+                cumulative += count
+                buckets.append((floatToGoString(bound), cumulative))
+            histogram.add_metric([i], buckets, sum_value=stats.first_token_sum)
+        yield summary
+        yield histogram
+
+
+def registry(models: ModelPool, http: HttpStats) -> CollectorRegistry:
+    """One app's registry, holding its :class:`ServerCollector` only."""
+    own = CollectorRegistry()
+    own.register(ServerCollector(models, http))
+    return own
+
+
+def render(own: CollectorRegistry) -> bytes:
+    """The exposition text of one scrape (sent with :data:`CONTENT_TYPE`)."""
+    return generate_latest(own)
 
 
 #: (series, EngineStats attribute, kind, help) of each engine's counters and gauges

@@ -15,30 +15,18 @@ the response side (chunks, logprobs) lives in ``responses``.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..api import TextGenerator
-from ..config import FIELDS
-from ..config_values import normalise
 from ..errors import ConfigError, InputError, OrtgenError
 from ..loop.chain import Chain
-from ..structured_output import response_format_settings
-from ..structured_settings import CONSTRAINT_FIELDS
-from ..tool_calls import ToolPlan, plan_tools
+from ..request import COMPONENT_KINDS, ChatRequest, build_chat, clipped_length, component_problems
+from ..tool_calls import ToolPlan
 from .engine import Engine
 from .errors import RequestError
 from .openai_fields import COMPLETION_LOGPROBS, INTEGERS, boolean, integer, settings_of
-
-#: the ortgen components a request may name; checked against the registry before queuing
-COMPONENT_KINDS = {
-    "sampler": "sampler",
-    "cache": "kv_cache",
-    "logits_processors": "logits_processor",
-    "stopping_criteria": "stopping_criterion",
-}
 
 
 @dataclass
@@ -97,37 +85,15 @@ def parse_chat(body: Mapping[str, Any], gen: TextGenerator, *, max_rows: int) ->
     if top and not logprobs:
         raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
     settings, names, rest = settings_of(body, chat=True)
-    for key, value in _response_format(body).items():
-        if key in settings:
-            raise RequestError(f"give response_format or {key}, not both", param=key)
-        settings[key] = value
-        names[key] = "response_format"
-    prompt, plan = _chat_prompt(body, gen)
-    if plan is not None and plan.settings:
-        constrained = [k for k in CONSTRAINT_FIELDS if settings.get(k) not in (None, False)]
-        if constrained:
-            raise RequestError(
-                f"tool_choice {body.get('tool_choice') or 'auto'!r} constrains the answer to "
-                f"tool calls, and {names[constrained[0]]} constrains it too: give one of them",
-                param=names[constrained[0]],
-            )
-        settings.update(plan.settings)
-        names.update({key: "tools" for key in plan.settings})
+    chat = _chat(body, gen, settings, names)
+    settings = chat.settings
+    names.update(chat.sources)
     if logprobs:
         settings.update(logprobs=True, top_logprobs=top or 0)
         names.update(logprobs="logprobs", top_logprobs="top_logprobs")
-    request = _request(gen, [prompt], settings, names, rest, chat=True, max_rows=max_rows)
-    request.prompt_field = "messages"
-    request.tool_plan = plan
+    request = _request(gen, [chat.prompt], settings, names, rest, chat=True, max_rows=max_rows)
+    request.tool_plan = chat.plan
     return request
-
-
-def _response_format(body: Mapping[str, Any]) -> dict[str, Any]:
-    """``response_format`` as ortgen settings (``ortgen.structured_output``)."""
-    try:
-        return response_format_settings(body.get("response_format"))
-    except InputError as exc:
-        raise RequestError(str(exc), param="response_format") from None
 
 
 def _completion_prompts(prompt: Any, gen: TextGenerator) -> list[list[int]]:
@@ -162,50 +128,33 @@ def _is_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _chat_prompt(body: Mapping[str, Any], gen: TextGenerator) -> tuple[list[int], ToolPlan | None]:
-    """The conversation's token ids, and with ``tools`` the plan for calls. Content parts
-    go to the chat template, which joins text parts for a template written for strings
-    (``ortgen.text.content_format``, as ``gen.chat()``); ``developer`` is OpenAI's new
-    name for ``system``."""
+def _chat(
+    body: Mapping[str, Any], gen: TextGenerator, settings: dict[str, Any], names: dict[str, str]
+) -> ChatRequest:
+    """The conversation through the one request builder (``ortgen.request.build_chat``,
+    as ``gen.chat()``); its errors name their field, mapped to the request's name."""
     messages = body["messages"]
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list of messages", param="messages")
-    rendered = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, Mapping):
-            raise RequestError(f"messages[{i}] must be an object", param=f"messages[{i}]")
-        message = dict(message)
-        if message.get("role") == "developer":
-            message["role"] = "system"
-        rendered.append(message)
-    tools = body.get("tools")
-    plan = None
-    if tools is not None or body.get("tool_choice") is not None:
-        template = gen.tokenizer.chat_template if gen.tokenizer is not None else None
-        try:
-            plan = plan_tools(
-                rendered, tools, body.get("tool_choice"), body.get("parallel_tool_calls"),
-                template,
-            )  # fmt: skip
-        except InputError as exc:
-            message = str(exc)
-            param = next(
-                (p for p in ("tool_choice", "parallel_tool_calls", "messages") if p in message),
-                "tools",
-            )
-            raise RequestError(message, param=param) from None
-        rendered, tools = plan.messages, plan.template_tools
     kwargs = body.get("chat_template_kwargs") or {}
-    if not isinstance(kwargs, Mapping) or "tools" in kwargs:
+    if not isinstance(kwargs, Mapping):
         raise RequestError(
-            "chat_template_kwargs must be an object of template variables (tools go in tools)",
+            "chat_template_kwargs must be an object of template variables",
             param="chat_template_kwargs",
         )
     try:
-        return gen.chat_prompt(rendered, tools=tools, **kwargs), plan
+        return build_chat(
+            gen,
+            messages,
+            settings,
+            tools=body.get("tools"),
+            tool_choice=body.get("tool_choice"),
+            parallel_tool_calls=body.get("parallel_tool_calls"),
+            response_format=body.get("response_format"),
+            template_kwargs=kwargs,
+        )
     except OrtgenError as exc:
-        where = re.match(r"tools|messages\[\d+\]\.content\[\d+\]", str(exc))
-        raise RequestError(str(exc), param=where[0] if where else "messages") from None
+        raise request_error(exc, names, default="messages") from None
 
 
 def _request(
@@ -230,12 +179,12 @@ def _request(
         )
     length_set = "max_new_tokens" in settings or "max_length" in settings
     default_length = None if length_set else _default_length(gen, settings, names)
-    context = gen.model.max_context
     rows = []
     for p, prompt in enumerate(prompts):
         own = dict(settings)
-        if default_length and context and len(prompt) < context < len(prompt) + default_length:
-            own["max_new_tokens"] = context - len(prompt)
+        clipped = clipped_length(default_length, len(prompt), gen.model.max_context)
+        if clipped is not None:
+            own["max_new_tokens"] = clipped
         for i in range(n):
             row_settings = dict(own) if seed is None else {**own, "seed": seed + i}
             rows.append(Row(p * n + i, prompt, row_settings))
@@ -258,7 +207,7 @@ def _default_length(gen: TextGenerator, settings: dict[str, Any], names: dict[st
     try:
         return gen.resolve_config(settings).config.max_new_tokens or 0
     except ConfigError as exc:
-        raise RequestError(str(exc), param=config_param(str(exc), names)) from None
+        raise request_error(exc, names) from None
 
 
 # -- checking rows ---------------------------------------------------------------------
@@ -266,59 +215,40 @@ def _default_length(gen: TextGenerator, settings: dict[str, Any], names: dict[st
 
 def check_row(engine: Engine, gen: TextGenerator, row: Row, request: ParsedRequest) -> Chain:
     """The engine's check of one row, then the named components against the registry
-    (unknown names and parameters fail here, with 400, not later in the engine), then
-    the components themselves, which the row then runs with."""
+    (``ortgen.request.component_problems``: unknown names and parameters fail here, with
+    400, not later in the engine), then the components themselves, which the row then
+    runs with."""
     try:
         config = engine.check(row.prompt, row.settings)
-    except ConfigError as exc:
-        raise RequestError(str(exc), param=config_param(str(exc), request.names)) from None
-    except InputError as exc:
-        raise RequestError(str(exc), param=input_param(str(exc), request)) from None
-    bias = row.settings.get("logit_bias")
-    if bias:
-        vocab = gen.model.signature.vocab_size
-        outside = sorted(t for t in normalise("logit_bias", bias) if t >= vocab)
-        if outside:
-            raise RequestError(
-                f"logit_bias names token ids outside the vocabulary [0, {vocab}): {outside[:5]}",
-                param=request.names.get("logit_bias", "logit_bias"),
-            )
-    for key, kind in COMPONENT_KINDS.items():
-        if key not in row.settings or row.settings[key] is None:
-            continue
-        value = normalise(key, row.settings[key])
-        specs = value if isinstance(value, tuple) else (value,)
-        for spec in specs:
-            params = {k: v for k, v in spec.items() if k != "name"}
-            problems = gen.registry.problems(kind, spec["name"], params)
-            if problems:
-                raise RequestError(f"{key} ({spec['name']}): {'; '.join(problems)}", param=key)
+    except OrtgenError as exc:
+        raise request_error(exc, request.names, prompt=request.prompt_field) from None
+    problems = component_problems(gen.registry, row.settings, gen.model.signature.vocab_size)
+    if problems:
+        field, message = problems[0]
+        raise RequestError(message, param=request.names.get(field or "", field))
     try:  # the factories themselves, with the values given
         return engine.check_components(row.prompt, config)
-    except (ConfigError, InputError) as exc:
+    except OrtgenError as exc:
         given = [k for k in COMPONENT_KINDS if row.settings.get(k) is not None]
-        param = config_param(str(exc), request.names) or (given[0] if given else None)
-        raise RequestError(str(exc), param=param) from None
+        raise request_error(exc, request.names, default=given[0] if given else None) from None
 
 
-def config_param(message: str, names: Mapping[str, str]) -> str | None:
-    """The request field a ``ConfigError`` is about (its first problem)."""
-    body = message.removeprefix("invalid generation config:").strip()
-    first = body.splitlines()[0].strip().removeprefix("- ") if body else ""
-    unknown = re.match(r"unknown setting '([^']+)'", first)
-    key = unknown.group(1) if unknown else re.split(r"[ =(:]", first, maxsplit=1)[0]
-    if key in names:
-        return names[key]
-    return key if unknown or key in FIELDS else None
-
-
-def input_param(message: str, request: ParsedRequest) -> str | None:
-    """The request field an ``InputError`` from the engine's check is about."""
-    if message.startswith("prompt"):
-        return request.prompt_field
-    if "max_tokens" in message or "context" in message:
-        return request.names.get("max_new_tokens", "max_tokens")
-    for key, source in request.names.items():  # else the first setting it names
-        if re.search(rf"\b{re.escape(key)}\b", message):
-            return source
-    return None
+def request_error(
+    exc: OrtgenError,
+    names: Mapping[str, str],
+    *,
+    prompt: str = "prompt",
+    default: str | None = None,
+) -> RequestError:
+    """A 400 for an ortgen error, its ``param`` the request field the error's own field
+    (``ConfigError.problems``, ``InputError.field``) came from: ``names`` maps an ortgen
+    setting to the OpenAI field that set it, ``prompt`` names the request's prompt field
+    (``messages`` in a chat). The message is never read."""
+    field = getattr(exc, "field", None)
+    if field == "prompt":
+        param: str | None = prompt
+    elif field is not None:
+        param = names.get(field, field)
+    else:
+        param = default
+    return RequestError(str(exc), param=param)

@@ -3,7 +3,7 @@
 Built from the tables the server parses requests with, so it cannot drift from them:
 the OpenAI fields and their ranges (``openai_fields``: ``COMPLETION_FIELDS``,
 ``CHAT_FIELDS``, ``IGNORED``, ``UNSUPPORTED``) and the ortgen settings a request may add
-(``ortgen.config.FIELDS``, typed by ``ortgen.config_values``; the Hugging Face fields
+(``ortgen.config.FIELDS``, typed by ``ortgen.config.values``; the Hugging Face fields
 ortgen ignores or accepts only at their default). Value ranges of the ortgen settings
 are checked by ``resolve_config`` and not repeated here: a value of the right type may
 still be refused, with a 400 naming it. Clients and schemathesis read it
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..config import FIELDS, IGNORED_HF_FIELDS, UNSUPPORTED_HF_FIELDS
-from ..config_values import BOOL_FIELDS, FLOAT_FIELDS, INT_FIELDS, TOKEN_LIST_FIELDS
+from ..config.values import BOOL_FIELDS, FLOAT_FIELDS, INT_FIELDS, TOKEN_LIST_FIELDS
 from ..version import __version__
 from .chat_page import PAGE_FILES
 from .openai_fields import (

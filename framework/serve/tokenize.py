@@ -75,8 +75,8 @@ def tokenize_body(gen: TextGenerator, body: Mapping[str, Any]) -> list[int]:
             options[field] = body[field]
     try:
         return gen.chat_prompt(body["messages"], tools=body.get("tools"), **options)
-    except OrtgenError as exc:
-        raise RequestError(str(exc), param="messages") from None
+    except OrtgenError as exc:  # the field it names: messages[2], tools, ...
+        raise RequestError(str(exc), param=getattr(exc, "field", None) or "messages") from None
 
 
 def detokenize_body(gen: TextGenerator, body: Mapping[str, Any]) -> str:

@@ -1,10 +1,11 @@
 """Helpers for testing a plugin without a model: a request context, the loop's own
-contract checks for processors, samplers and stopping criteria, and for KV caches a
-numpy stand-in model and scenarios run through the real loop.
+contract checks for processors, samplers and stopping criteria, and for KV caches and
+drafters a numpy stand-in model and scenarios run through the real loop.
 
-    from ortgen.testing import check_kv_cache, check_logits_processor, make_context
+    from ortgen.testing import check_drafter, check_kv_cache, check_logits_processor
     out = check_logits_processor(MyProcessor(alpha=0.5, ctx=make_context(vocab_size=64)))
-    report = check_kv_cache(MyCache, layout="concat")  # each scenario against 'dynamic'
+    report = check_kv_cache(MyCache)  # both graph families, each against its reference
+    report = check_drafter(MyDrafter)  # the same tokens as decoding without it
 
 And for a quantised model, its output judged against a float32 graph of the same weights
 (``agreement``, ``reference_greedy``, ``NEAR_TIE``): what holds on every CPU.
@@ -18,6 +19,7 @@ from .components import (
     make_context,
     sample_inputs,
 )
+from .drafter import check_drafter
 from .fake_model import FakeModel
 from .kv_cache import check_kv_cache
 from .reference import NEAR_TIE, Agreement, agreement, near_tie_paths, reference_greedy
@@ -27,6 +29,7 @@ __all__ = [
     "Agreement",
     "FakeModel",
     "agreement",
+    "check_drafter",
     "check_kv_cache",
     "check_logits_processor",
     "check_sampler",

@@ -11,7 +11,8 @@ will not be rejected there.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,20 +22,43 @@ from ..errors import ComponentError
 from ..loop.component_checks import check_candidates, check_ids, check_scores, check_stop
 from ..protocols import GenerationContext, LogitsProcessor, Sampler, StoppingCriterion
 
+if TYPE_CHECKING:
+    from ..model import GraphSignature
+
 
 def make_context(
     *,
-    vocab_size: int = 32,
+    vocab_size: int | None = None,
     batch_size: int = 1,
     prompt_length: int = 4,
-    eos_token_ids: tuple[int, ...] = (),
+    eos_token_ids: tuple[int, ...] | list[int] = (),
     pad_token_id: int = 0,
     max_length: int | None = None,
     seed: int | None = None,
     config: GenerationConfig | None = None,
-    **extras: Any,
+    tokenizer: Any = None,
+    signature: GraphSignature | None = None,
+    model_config: Mapping[str, Any] | None = None,
+    model_state: dict[str, Any] | None = None,
+    row_seeds: tuple[int | None, ...] = (),
+    extras: Mapping[str, Any] | None = None,
 ) -> GenerationContext:
-    """A ``GenerationContext`` for a component under test; unspecified facts get small defaults."""
+    """A ``GenerationContext`` for a component under test, as the loop would build it;
+    unspecified facts get small defaults.
+
+    Every fact is the context's own field (``ctx.tokenizer``, ``ctx.signature``,
+    ``ctx.model_config``...), so a component reads it where it will read it in a real
+    request; an unknown keyword is a TypeError rather than a fact the component never
+    sees. ``vocab_size`` defaults to the signature's (else 32), as a model's scores are
+    as wide as its graph's logits.
+    """
+    if signature is not None and vocab_size not in (None, signature.vocab_size):
+        raise ValueError(
+            f"vocab_size={vocab_size} but the signature's graph scores "
+            f"{signature.vocab_size} tokens; leave vocab_size out to take the signature's"
+        )
+    if vocab_size is None:
+        vocab_size = signature.vocab_size if signature is not None else 32
     return GenerationContext(
         config=config or GenerationConfig(seed=seed),
         batch_size=batch_size,
@@ -43,8 +67,13 @@ def make_context(
         eos_token_ids=tuple(eos_token_ids),
         pad_token_id=pad_token_id,
         max_length=max_length if max_length is not None else prompt_length + 16,
+        signature=signature,
         seed=seed,
-        extras=extras,
+        extras=dict(extras or {}),
+        tokenizer=tokenizer,
+        row_seeds=tuple(row_seeds),
+        model_config=dict(model_config or {}),
+        model_state=model_state if model_state is not None else {},
     )
 
 

@@ -8,7 +8,8 @@ export stack (no torch, no optimum, no ONNX file).
 - ``shared`` (fused exports, GroupQueryAttention): no ``position_ids``; each row's keys
   and values start at position 0 of its own slot, a row's length is its mask's row sum,
   and the new positions are written into the past buffer there (past and present may
-  be one buffer, as a ``static`` cache hands out).
+  be one buffer, as a ``static`` cache hands out); what a buffer holds past a row's
+  length is never read.
 
 Its "attention" is real attention over every key and value a position may see (causal,
 masked), with keys and values that depend on the token, its position and the layer, and
@@ -220,7 +221,11 @@ class FakeBinding:
                 buffer[row, :, starts[row] : lengths[row]] = new[row]
         columns = np.arange(out[0].shape[2])
         visible = columns[None, None, :] <= positions[:, :, None]
-        return self._logits(ids, positions, out, visible), out
+        # GroupQueryAttention reads a row up to its length and no further: what a buffer
+        # holds past it (uninitialised memory, another forward's leftovers) is never read
+        read = (columns[None, :] < lengths[:, None])[:, None, :, None]
+        kv = [np.where(read, buffer[:, :, : len(columns)], np.float32(0)) for buffer in out]
+        return self._logits(ids, positions, kv, visible), out
 
     def _logits(
         self,

@@ -1,5 +1,6 @@
 """``check_kv_cache``: a KV-cache backend driven by the real decoding loop on a
-``FakeModel``, every scenario compared with the built-in cache the loop is tested with.
+``FakeModel`` of each graph family, every scenario compared with the built-in cache the
+loop is tested with.
 
 A cache is right when the model sees, at every forward, exactly the keys and values the
 tokens so far produce. The fake model's logits depend on every position a query may see,
@@ -15,15 +16,28 @@ token against transformers), and asks for the same tokens and the same log-proba
   for a cache with ``fork()``);
 - ``beams``: beam search with three beams, whose rows move (``reorder``).
 
-A scenario the cache refuses with a clear error (an ``InputError`` such as "cannot be
-forked", a window that cannot rewind past what it dropped) is reported as skipped with
-the message; any other difference or error raises ``ComponentError`` naming the
-scenario.
+Both graph families by default: the default model is a ``shared`` one, and a cache right
+on one family can be wrong on the other. Where the request still holds its state
+(``rewind``, ``append``, ``fork``), the cache's ``length`` must also be the positions the
+loop fed: on a ``shared`` graph positions past a row's length are never read, so a
+``crop`` that forgets nothing changes no token there, only ``length``.
+
+On a ``shared`` graph each row's keys/values start at position 0, so prompts of different
+lengths are prefilled row by row through ``select(row)``, and the loop refuses them to a
+cache without it. Such a cache still serves prompts of one length (and a single row's
+continuation), so it runs every scenario on those: its ``crop``, ``reorder`` and
+``fork`` are checked all the same, and the report says what went untested.
+
+A scenario the loop refuses for the cache with an ``InputError`` (such as "cannot be
+forked") is reported as skipped with the message; a layout on which every scenario was
+skipped checked nothing and raises. Any other difference or error raises
+``ComponentError`` naming the layout and the scenario.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -31,18 +45,37 @@ import numpy as np
 from ..api import TextGenerator
 from ..errors import ComponentError, InputError
 from ..hookspecs import Register, hookimpl
-from ..protocols import ForksCache, KVCache
-from .fake_model import FakeModel
+from ..protocols import ForksCache, KVCache, SelectsRow
+from .fake_model import LAYOUTS, FakeModel
 
 if TYPE_CHECKING:
     from ..model import ExportedModel
 
 #: the built-in cache each graph family's scenarios are compared with
 REFERENCE = {"concat": "dynamic", "shared": "static"}
-_PROMPTS = [[3, 17, 5, 9, 30], [11, 2, 41, 7, 7, 19, 23, 4, 1]]
+#: prompts of different lengths: left padding, and on a shared graph row by row
+_PADDED = [[3, 17, 5, 9, 30], [11, 2, 41, 7, 7, 19, 23, 4, 1]]
+#: prompts of one length: what a cache without select(row) serves on a shared graph
+_EVEN = [[3, 17, 5, 9, 30, 6, 12], [11, 2, 41, 7, 7, 19, 23]]
 _GREEDY: dict[str, Any] = {"max_new_tokens": 10, "do_sample": False, "logprobs": True}
+#: what the loop's refusals ask of a cache, added to a skipped scenario's message (a
+#: cache that reuses prefixes of different lengths per row needs select(row) too)
+_WHAT_TO_DO = {
+    "prompts of different lengths": "implement select(row) for the shared layout",
+    "row by row": "implement select(row) for the shared layout",
+    "another model's graph": "set the cache's signature to ctx.signature",
+}
 
 Result = list[tuple[list[int], list[float]]]  # per row: tokens and their logprobs
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The requests one layout's scenarios make, for what the cache can serve there."""
+
+    prompts: list[list[int]]
+    append_rows: int  # rows the ``append`` scenario continues
+    note: str = ""  # what the cache could not be checked on, and why
 
 
 class _Plugin:
@@ -60,51 +93,118 @@ def check_kv_cache(
     factory: Callable[..., Any],
     params: dict[str, Any] | None = None,
     *,
-    layout: str = "concat",
+    layout: str | None = None,
     name: str = "cache_under_test",
     exact: bool = True,
     model: FakeModel | None = None,
-) -> dict[str, str]:
-    """Run every scenario with ``factory(**params, ctx=...)`` as the cache; returns
-    ``{scenario: "same as 'dynamic'" | "skipped: why" | "ran"}``.
+) -> dict[str, dict[str, str]]:
+    """Run every scenario with ``factory(**params, ctx=...)`` as the cache, on each graph
+    family; returns ``{layout: {scenario: "same as 'dynamic'" | "skipped: why" | "ran"}}``.
 
-    ``layout``: the graph family ("concat" or "shared"). ``exact=False`` for a cache
-    that changes output on purpose (a window smaller than the sequence, quantised
-    values): the scenarios run through the loop's checks and the fake model's, but are
-    not compared. ``model``: a ``FakeModel`` of other sizes.
+    ``layout``: only that graph family ("concat" or "shared"); both by default.
+    ``exact=False`` for a cache that changes output on purpose (a window smaller than the
+    sequence, quantised values): the scenarios run through the loop's checks and the fake
+    model's, but are not compared. ``model``: a ``FakeModel`` of other sizes (its layout
+    only). Raises ``ComponentError`` on a difference, an error, or a layout where every
+    scenario was skipped.
     """
-    model = model or FakeModel(layout=layout)
+    report = {}
+    for fake in _models(layout, model):
+        report[fake.signature.kv_layout] = _check_layout(factory, params, fake, name, exact)
+    return report
+
+
+def _models(layout: str | None, model: FakeModel | None) -> list[FakeModel]:
+    if layout is not None and layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS} (or None: both), got {layout!r}")
+    if model is not None:
+        if layout is not None and layout != model.signature.kv_layout:
+            raise ValueError(f"layout={layout!r} but the model is {model.signature.kv_layout!r}")
+        return [model]
+    return [FakeModel(layout=one) for one in ([layout] if layout else LAYOUTS)]
+
+
+def _check_layout(
+    factory: Callable[..., Any],
+    params: dict[str, Any] | None,
+    model: FakeModel,
+    name: str,
+    exact: bool,
+) -> dict[str, str]:
     layout = model.signature.kv_layout
     stand_in = cast("ExportedModel", model)  # it has what the loop uses of one
     gen = TextGenerator(model.path, model=stand_in, plugins=[_Plugin(name, factory)])
     spec = {"name": name, **(params or {})}
     reference = REFERENCE[layout]
+    plan = _plan(gen, spec, name, layout)
     report = {}
     for scenario, run in _SCENARIOS.items():
+        where = f"kv cache {name!r}, scenario {scenario!r} ({layout} graph)"
         try:
-            got = run(gen, spec)
-        except InputError as exc:  # a capability the cache says it lacks
-            report[scenario] = f"skipped: {exc}"
+            got = run(gen, spec, plan, where)
+        except InputError as exc:  # a capability the cache lacks, as the loop says
+            report[scenario] = f"skipped: {_with_advice(str(exc))}"
             continue
+        except ComponentError as exc:
+            if str(exc).startswith(where):  # the check's own finding
+                raise
+            raise ComponentError(f"{where} failed: {exc}") from exc
         except Exception as exc:
-            raise ComponentError(
-                f"kv cache {name!r} failed scenario {scenario!r} ({layout} graph): "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
+            raise ComponentError(f"{where} failed: {type(exc).__name__}: {exc}") from exc
         if got is None:
-            report[scenario] = "skipped: the cache has no fork() (ForksCache)"
+            report[scenario] = "skipped: the cache has no fork() (ForksCache) -> implement fork()"
             continue
         if not exact:
             report[scenario] = "ran"
             continue
-        want = run(gen, {"name": reference})
+        want = run(gen, {"name": reference}, plan, f"the {reference!r} cache")
         assert want is not None  # every built-in reference forks
-        _compare(name, scenario, reference, got, want)
-        report[scenario] = f"same as {reference!r}"
+        _compare(where, reference, got, want)
+        report[scenario] = f"same as {reference!r}" + (f" ({plan.note})" if plan.note else "")
+    if all(result.startswith("skipped") for result in report.values()):
+        reasons = sorted({result.removeprefix("skipped: ") for result in report.values()})
+        raise ComponentError(
+            f"kv cache {name!r}: every scenario on the {layout} graph was skipped, so nothing "
+            f"was checked there: {'; '.join(reasons)}"
+        )
     return report
 
 
-def _compare(name: str, scenario: str, reference: str, got: Result, want: Result) -> None:
+def _plan(gen: TextGenerator, spec: dict[str, Any], name: str, layout: str) -> _Plan:
+    """Prompts of different lengths, unless the graph is ``shared`` and the cache cannot
+    ``select(row)``: the loop refuses it those, but prompts of one length still exercise
+    its prefill, decode, crop, reorder and fork."""
+    try:
+        cache = gen.start(_EVEN, cache=spec, max_new_tokens=1).chain.cache
+    except InputError:  # refused whatever the prompts: the scenarios report why
+        return _Plan(_PADDED, len(_PADDED))
+    except Exception as exc:
+        raise ComponentError(
+            f"kv cache {name!r} could not start a request ({layout} graph): "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    if not isinstance(cache, KVCache):
+        raise ComponentError(
+            f"kv cache {name!r}: the factory made a {type(cache).__name__}, which lacks the "
+            "KVCache members (inputs, update, reorder, crop, length, nbytes)"
+        )
+    if layout == "shared" and not isinstance(cache, SelectsRow):
+        return _Plan(
+            _EVEN,
+            1,
+            "prompts of one length, and one row continued by append(): without select(row) "
+            "the loop refuses prompts of different lengths and a batch fed several tokens "
+            "at once on the shared layout",
+        )
+    return _Plan(_PADDED, len(_PADDED))
+
+
+def _with_advice(message: str) -> str:
+    advice = next((todo for marker, todo in _WHAT_TO_DO.items() if marker in message), "")
+    return f"{message} -> {advice}" if advice else message
+
+
+def _compare(where: str, reference: str, got: Result, want: Result) -> None:
     for row, ((tokens, logprobs), (want_tokens, want_logprobs)) in enumerate(
         zip(got, want, strict=True)
     ):
@@ -116,59 +216,66 @@ def _compare(name: str, scenario: str, reference: str, got: Result, want: Result
                 min(len(tokens), len(want_tokens)),
             )
             raise ComponentError(
-                f"kv cache {name!r}, scenario {scenario!r}, row {row}: differs from the "
-                f"{reference!r} cache from generated token {at} on (tokens {tokens} against "
-                f"{want_tokens}; logprobs {np.round(logprobs, 4).tolist()} against "
-                f"{np.round(want_logprobs, 4).tolist()}): the model saw other keys/values"
+                f"{where}, row {row}: differs from the {reference!r} cache from generated "
+                f"token {at} on (tokens {tokens} against {want_tokens}; logprobs "
+                f"{np.round(logprobs, 4).tolist()} against {np.round(want_logprobs, 4).tolist()}"
+                "): the model saw other keys/values"
             )
+
+
+def _check_length(state: Any, where: str, after: str) -> None:
+    """The cache holds what the loop fed: ``length`` is the contract's "positions seen",
+    and the one trace a crop that forgets nothing leaves on a ``shared`` graph."""
+    held = state.chain.cache.length
+    if held != state.fed:
+        raise ComponentError(
+            f"{where}: after {after} the cache's length is {held}, but the loop has fed "
+            f"{state.fed} positions (crop(n) must leave n positions; update() must count "
+            "what the forward added)"
+        )
 
 
 def _rows(state: Any) -> Result:
     return [(state.generated(r), state.logprobs(r)) for r in range(state.batch_size)]
 
 
-def _batch(gen: TextGenerator, cache: dict[str, Any]) -> Result:
-    out = gen.generate(_PROMPTS, cache=cache, **_GREEDY)
+def _batch(gen: TextGenerator, cache: dict[str, Any], plan: _Plan, where: str) -> Result:
+    out = gen.generate(plan.prompts, cache=cache, **_GREEDY)
     return list(zip(out.tokens, out.logprobs or [], strict=True))
 
 
-def _sampled(gen: TextGenerator, cache: dict[str, Any]) -> Result:
+def _sampled(gen: TextGenerator, cache: dict[str, Any], plan: _Plan, where: str) -> Result:
     settings: dict[str, Any] = {"do_sample": True, "temperature": 0.9, "top_k": 12, "seed": 5}
-    out = gen.generate(_PROMPTS, cache=cache, **{**_GREEDY, **settings})
+    out = gen.generate(plan.prompts, cache=cache, **{**_GREEDY, **settings})
     return list(zip(out.tokens, out.logprobs or [], strict=True))
 
 
-def _started(gen: TextGenerator, cache: dict[str, Any], **settings: Any) -> Any:
-    state = gen.start(_PROMPTS, cache=cache, **{**_GREEDY, **settings})
-    if not isinstance(state.chain.cache, KVCache):
-        raise ComponentError(
-            f"the factory made a {type(state.chain.cache).__name__}, which lacks the "
-            "KVCache members (inputs, update, reorder, crop, length, nbytes)"
-        )
-    return state
-
-
-def _rewind(gen: TextGenerator, cache: dict[str, Any]) -> Result:
-    state = _started(gen, cache, max_new_tokens=12)
+def _rewind(gen: TextGenerator, cache: dict[str, Any], plan: _Plan, where: str) -> Result:
+    state = gen.start(plan.prompts, cache=cache, **{**_GREEDY, "max_new_tokens": 12})
     for _ in range(6):
         state.step()
     state.rewind(3)
+    _check_length(state, where, "rewind(3)")
     while not state.is_done:
         state.step()
+    _check_length(state, where, "the last step")
     return _rows(state)
 
 
-def _append(gen: TextGenerator, cache: dict[str, Any]) -> Result:
-    state = _started(gen, cache, max_new_tokens=4)
+def _append(gen: TextGenerator, cache: dict[str, Any], plan: _Plan, where: str) -> Result:
+    prompts = plan.prompts[: plan.append_rows]
+    state = gen.start(prompts, cache=cache, **{**_GREEDY, "max_new_tokens": 4})
     while not state.is_done:
         state.step()
     state.append([[5, 6, 7]] * state.batch_size)
     state.step()
+    _check_length(state, where, "append() and a step")
     return _rows(state)
 
 
-def _fork(gen: TextGenerator, cache: dict[str, Any]) -> Result | None:
-    state = _started(gen, cache, do_sample=True, temperature=1.5, seed=5)
+def _fork(gen: TextGenerator, cache: dict[str, Any], plan: _Plan, where: str) -> Result | None:
+    settings = {"do_sample": True, "temperature": 1.5, "seed": 5}
+    state = gen.start(plan.prompts, cache=cache, **{**_GREEDY, **settings})
     if not isinstance(state.chain.cache, ForksCache):
         return None
     for _ in range(4):
@@ -178,19 +285,21 @@ def _fork(gen: TextGenerator, cache: dict[str, Any]) -> Result | None:
         for one in (twin, state):
             if not one.is_done:
                 one.step()
+    _check_length(state, where, "the fork's last step")
+    _check_length(twin, where + " (the fork)", "its last step")
     return _rows(state) + _rows(twin)
 
 
-def _beams(gen: TextGenerator, cache: dict[str, Any]) -> Result:
+def _beams(gen: TextGenerator, cache: dict[str, Any], plan: _Plan, where: str) -> Result:
     out = gen.generate(
-        _PROMPTS, cache=cache, num_beams=3, num_return_sequences=3, max_new_tokens=10,
+        plan.prompts, cache=cache, num_beams=3, num_return_sequences=3, max_new_tokens=10,
         do_sample=False, length_penalty=0.0,
     )  # fmt: skip
     scores = out.sequence_scores or [0.0] * len(out.tokens)
     return [(tokens, [score]) for tokens, score in zip(out.tokens, scores, strict=True)]
 
 
-_SCENARIOS: dict[str, Callable[[TextGenerator, dict[str, Any]], Result | None]] = {
+_SCENARIOS: dict[str, Callable[[TextGenerator, dict[str, Any], _Plan, str], Result | None]] = {
     "batch": _batch,
     "sampled": _sampled,
     "rewind": _rewind,

@@ -108,7 +108,8 @@ class ChatTemplate:
             raise InputError(
                 "chat_template= is not supported: ortgen renders the model's own chat "
                 "template (a model with named templates picks 'tool_use' when tools are "
-                "given, else 'default')"
+                "given, else 'default')",
+                field="chat_template_kwargs",
             )
         if add_generation_prompt is None:
             add_generation_prompt = not continue_final
@@ -117,7 +118,8 @@ class ChatTemplate:
                 "continue_final_message and add_generation_prompt cannot both be set: "
                 "continue_final_message leaves the final message open for the model to "
                 "continue, add_generation_prompt starts a new assistant message; pass "
-                "add_generation_prompt=False (it is on by default)"
+                "add_generation_prompt=False (it is on by default)",
+                field="chat_template_kwargs",
             )
         checked = check_messages(messages)
         tools = _check_tools(options.pop("tools", None))
@@ -141,12 +143,13 @@ class ChatTemplate:
             rendered: str = template.render(**context)
         except jinja2.TemplateError as exc:
             raise InputError(
-                f"the chat template of {self._owner} rejected the messages: {exc}"
+                f"the chat template of {self._owner} rejected the messages: {exc}", field="messages"
             ) from exc
         except _RENDER_ERRORS as exc:
             raise InputError(
                 f"the chat template of {self._owner} failed on these messages "
-                f"({type(exc).__name__}: {exc}){_crash_hint(checked, tools)}"
+                f"({type(exc).__name__}: {exc}){_crash_hint(checked, tools)}",
+                field="messages",
             ) from exc
         if final_text is not None:
             rendered = self._cut_after_final(rendered, final_text)
@@ -160,7 +163,8 @@ class ChatTemplate:
             raise InputError(
                 f"continue_final_message is set but the chat template of {self._owner} does "
                 "not render the final message's text as given (it drops or rewrites it), "
-                "so the prompt cannot end inside that message"
+                "so the prompt cannot end inside that message",
+                field="messages",
             )
         at = rendered.rindex(tag)
         if rendered[at : at + len(_CONTINUE_TAG)] == _CONTINUE_TAG:
@@ -196,7 +200,8 @@ def _drop_tokenize_options(options: dict[str, Any]) -> None:
             raise InputError(
                 f"{name}={value!r} is a transformers tokenization option; ortgen's "
                 "apply_chat_template returns the prompt text (Tokenizer.encode_chat gives "
-                "its token ids)"
+                "its token ids)",
+                field="chat_template_kwargs",
             )
 
 
@@ -208,13 +213,18 @@ def check_messages(messages: Any) -> list[dict[str, Any]]:
     either crash on it or silently render nothing, and either way it is a mistake.
     """
     if not isinstance(messages, list | tuple):
-        raise InputError(f"messages must be {_MESSAGE_SHAPE}, got {type(messages).__name__}")
+        raise InputError(
+            f"messages must be {_MESSAGE_SHAPE}, got {type(messages).__name__}", field="messages"
+        )
     if not messages:
-        raise InputError(f"messages is empty; it must be {_MESSAGE_SHAPE} with at least one")
+        raise InputError(
+            f"messages is empty; it must be {_MESSAGE_SHAPE} with at least one", field="messages"
+        )
     if isinstance(messages[0], list | tuple):
         raise InputError(
             "messages is a list of conversations; apply_chat_template renders one "
-            "conversation (a list of message dicts) at a time"
+            "conversation (a list of message dicts) at a time",
+            field="messages",
         )
     return [_check_message(i, msg) for i, msg in enumerate(messages)]
 
@@ -224,17 +234,23 @@ def _check_message(i: int, msg: Any) -> dict[str, Any]:
     if not isinstance(msg, Mapping):
         raise InputError(
             f"{where} is a {type(msg).__name__}; each message must be a dict with a 'role' "
-            "string and 'content'"
+            "string and 'content'",
+            field=where,
         )
     if "role" not in msg:
         raise InputError(
             f"{where} has no 'role'; each message needs a 'role' string ('system', 'user', "
-            f"'assistant', 'tool', ...), got keys {sorted(map(str, msg))}"
+            f"'assistant', 'tool', ...), got keys {sorted(map(str, msg))}",
+            field=where,
         )
     if not isinstance(msg["role"], str):
-        raise InputError(f"{where}['role'] is a {type(msg['role']).__name__}; it must be a str")
+        raise InputError(
+            f"{where}['role'] is a {type(msg['role']).__name__}; it must be a str", field=where
+        )
     if not msg["role"].strip():
-        raise InputError(f"{where}['role'] is empty; name who speaks ('user', 'assistant', ...)")
+        raise InputError(
+            f"{where}['role'] is empty; name who speaks ('user', 'assistant', ...)", field=where
+        )
     has_calls = _check_tool_calls(where, msg.get("tool_calls"))
     content = msg.get("content")
     if content is None:
@@ -242,7 +258,8 @@ def _check_message(i: int, msg: Any) -> dict[str, Any]:
             problem = " has no 'content'" if "content" not in msg else "['content'] is None"
             raise InputError(
                 f"{where}{problem}; only an assistant message with 'tool_calls' may go "
-                "without content (give a string, or a list of content parts)"
+                "without content (give a string, or a list of content parts)",
+                field=where,
             )
     elif isinstance(content, list | tuple):
         _check_parts(where, content)
@@ -251,7 +268,8 @@ def _check_message(i: int, msg: Any) -> dict[str, Any]:
     elif not isinstance(content, str):
         raise InputError(
             f"{where}['content'] is a {type(content).__name__}; it must be a str or a list "
-            "of content parts like {'type': 'text', 'text': '...'}"
+            "of content parts like {'type': 'text', 'text': '...'}",
+            field=where,
         )
     return dict(msg)
 
@@ -265,18 +283,23 @@ def _check_parts(where: str, parts: Sequence[Any]) -> None:
         if not isinstance(part, Mapping):
             raise InputError(
                 f"{at} is a {type(part).__name__}; content parts must be dicts like "
-                "{'type': 'text', 'text': '...'}"
+                "{'type': 'text', 'text': '...'}",
+                field=f"{where}.content[{j}]",
             )
         kind = part.get("type")
         if not isinstance(kind, str):
             # Templates pick parts by type, so an untyped part would be dropped unseen.
             raise InputError(
                 f"{at} has no 'type' string (got keys {sorted(map(str, part))}); content "
-                "parts look like {'type': 'text', 'text': '...'} or {'type': 'image', ...}"
+                "parts look like {'type': 'text', 'text': '...'} or {'type': 'image', ...}",
+                field=f"{where}.content[{j}]",
             )
         if kind == "text" and not isinstance(part.get("text"), str):
             got = type(part["text"]).__name__ if "text" in part else "nothing"
-            raise InputError(f"{at} is a text part whose 'text' is {got}; it must be a str")
+            raise InputError(
+                f"{at} is a text part whose 'text' is {got}; it must be a str",
+                field=f"{where}.content[{j}]",
+            )
 
 
 def _check_tool_calls(where: str, calls: Any) -> bool:
@@ -289,14 +312,16 @@ def _check_tool_calls(where: str, calls: Any) -> bool:
     if not isinstance(calls, list | tuple):
         raise InputError(
             f"{where}['tool_calls'] is a {type(calls).__name__}; it must be a list of "
-            "{'type': 'function', 'function': {'name': ..., 'arguments': {...}}}"
+            "{'type': 'function', 'function': {'name': ..., 'arguments': {...}}}",
+            field=where,
         )
     for k, call in enumerate(calls):
         at = f"{where}['tool_calls'][{k}]"
         if not isinstance(call, Mapping):
             raise InputError(
                 f"{at} is a {type(call).__name__}; a tool call is a dict like "
-                "{'type': 'function', 'function': {'name': ..., 'arguments': {...}}}"
+                "{'type': 'function', 'function': {'name': ..., 'arguments': {...}}}",
+                field=where,
             )
         function = call.get("function", call)
         if "function" in call:
@@ -304,13 +329,15 @@ def _check_tool_calls(where: str, calls: Any) -> bool:
             if not isinstance(function, Mapping):
                 raise InputError(
                     f"{at} is a {type(function).__name__}; it must be a dict with 'name' "
-                    "and 'arguments'"
+                    "and 'arguments'",
+                    field=where,
                 )
         if not isinstance(function.get("name"), str):
             raise InputError(
                 f"{at} has no 'name' string; a tool call names its function: "
                 "{'type': 'function', 'function': {'name': ..., 'arguments': {...}}} or "
-                "{'name': ..., 'arguments': {...}}"
+                "{'name': ..., 'arguments': {...}}",
+                field=where,
             )
     return bool(calls)
 
@@ -328,7 +355,8 @@ def _check_tools(tools: Any) -> list[dict[str, Any]] | None:
         raise InputError(
             f"tools must be a list of JSON-schema dicts like {{'type': 'function', "
             f"'function': {{'name': ..., 'description': ..., 'parameters': {{...}}}}}}, got "
-            f"{type(tools).__name__}"
+            f"{type(tools).__name__}",
+            field="tools",
         )
     out: list[dict[str, Any]] = []
     for i, tool in enumerate(tools):
@@ -339,11 +367,13 @@ def _check_tools(tools: Any) -> list[dict[str, Any]] | None:
             raise InputError(
                 f"tools[{i}] is the function {name}; ortgen takes tools as JSON-schema dicts "
                 "({'type': 'function', 'function': {'name': ..., 'description': ..., "
-                "'parameters': {...}}}); transformers.utils.get_json_schema(func) makes one"
+                "'parameters': {...}}}); transformers.utils.get_json_schema(func) makes one",
+                field="tools",
             )
         else:
             raise InputError(
-                f"tools[{i}] is a {type(tool).__name__}; each tool must be a JSON-schema dict"
+                f"tools[{i}] is a {type(tool).__name__}; each tool must be a JSON-schema dict",
+                field="tools",
             )
     return out
 
@@ -356,13 +386,15 @@ def _check_documents(documents: Any) -> Any:
     if not isinstance(documents, list | tuple):
         raise InputError(
             "documents must be a list of dicts like {'title': ..., 'text': ...}, got "
-            f"{type(documents).__name__}"
+            f"{type(documents).__name__}",
+            field="chat_template_kwargs",
         )
     for i, doc in enumerate(documents):
         if not isinstance(doc, Mapping):
             raise InputError(
                 f"documents[{i}] is a {type(doc).__name__}; each document must be a dict "
-                "like {'title': ..., 'text': ...}"
+                "like {'title': ..., 'text': ...}",
+                field="chat_template_kwargs",
             )
     return documents
 
@@ -388,7 +420,8 @@ def _mark_final_message(messages: list[dict[str, Any]]) -> str:
                 return text
     raise InputError(
         f"continue_final_message is set but the final message ({where}) has no text to "
-        "continue; give it string content or a text part"
+        "continue; give it string content or a text part",
+        field=where,
     )
 
 

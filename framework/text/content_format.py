@@ -81,7 +81,8 @@ def join_text_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 if part.get("type") != "text":
                     raise InputError(
                         f"messages[{i}].content[{j}] is a {part.get('type')!r} part; this "
-                        "model's chat template takes text only (text parts are joined)"
+                        "model's chat template takes text only (text parts are joined)",
+                        field=f"messages[{i}].content[{j}]",
                     )
                 texts.append(part["text"])
             message = {**message, "content": "\n".join(texts)}

@@ -1,33 +1,44 @@
-"""An example ortgen plugin: two logits processors and one stopping criterion.
+"""An example ortgen plugin: two logits processors, a stopping criterion, a drafter and a
+KV cache composed from a built-in one.
 
 ortgen finds this module through the ``ortgen`` entry-point group (see
 ``pyproject.toml``) and calls its ``@hookimpl`` functions once per ``load()``.
 Each hook registers *factories*: ortgen calls a factory once per request with the
 parameters the user wrote in ``logits_processors=[{"name": ..., **params}]`` (or
-``stopping_criteria=[...]``), plus ``ctx`` because every ``__init__`` here asks
-for it. The object a factory returns is then called once per generated token, so
-everything that can be worked out in advance is worked out in ``__init__``.
+``stopping_criteria=[...]``, ``drafter=...``, ``cache=...``), plus ``ctx`` when its
+``__init__`` asks for it. The object a factory returns is then called once per
+generated token, so everything that can be worked out in advance is worked out in
+``__init__``.
 
-Only ``ortgen`` (the public API) and numpy are imported: a plugin needs no base
-class, only the call shape described in ``ortgen.LogitsProcessor`` and
-``ortgen.StoppingCriterion``.
+Only ``ortgen`` (the public API; for the composed cache also the built-in caches that
+``ortgen.plugins.caches`` makes public) and numpy are imported: a plugin needs no base
+class, only the call shape described in ``ortgen.LogitsProcessor``,
+``ortgen.StoppingCriterion``, ``ortgen.Drafter`` and ``ortgen.KVCache``. The package
+ships ``py.typed`` and passes ``mypy --strict`` against the installed ortgen (see
+``[tool.mypy]`` in ``pyproject.toml``).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from ortgen import ConfigError, GenerationContext, hookimpl
+from ortgen import ConfigError, GenerationContext, Register, hookimpl
 
-__all__ = ["BanTokens", "SeenTokenPenalty", "StopTokens"]
+from .cache import CappedStaticCache
+from .drafter import RepeatTokenDrafter
 
-#: The ``register`` callback each hook receives: ``register(name, factory, *, replace=False)``.
-Register = Callable[..., None]
+__all__ = [
+    "BanTokens",
+    "CappedStaticCache",
+    "RepeatTokenDrafter",
+    "SeenTokenPenalty",
+    "StopTokens",
+]
 
 
 @hookimpl
@@ -39,6 +50,16 @@ def register_logits_processors(register: Register) -> None:
 @hookimpl
 def register_stopping_criteria(register: Register) -> None:
     register("stop_tokens", StopTokens)
+
+
+@hookimpl
+def register_drafters(register: Register) -> None:
+    register("repeat_token", RepeatTokenDrafter)
+
+
+@hookimpl
+def register_kv_caches(register: Register) -> None:
+    register("capped_static", CappedStaticCache)
 
 
 def _token_ids(component: str, value: Any, vocab_size: int) -> np.ndarray:

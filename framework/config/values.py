@@ -13,68 +13,26 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from . import structured_settings
+from .. import structured_settings
+from ..errors import Problem
+from .fields import FIELDS
 
 if TYPE_CHECKING:
-    from .config import GenerationConfig
+    from .fields import GenerationConfig
 
-INT_FIELDS = frozenset(
-    {
-        "max_length",
-        "max_new_tokens",
-        "min_new_tokens",
-        "min_length",
-        "num_beams",
-        "num_return_sequences",
-        "top_k",
-        "no_repeat_ngram_size",
-        "pad_token_id",
-        "bos_token_id",
-        "forced_bos_token_id",
-        "seed",
-        "dry_allowed_length",
-        "dry_penalty_last_n",
-        "mirostat",
-        "top_logprobs",
-        "prompt_lookup_num_tokens",
-        "max_matching_ngram_size",
-    }
-)
-FLOAT_FIELDS = frozenset(
-    {
-        "max_time",
-        "temperature",
-        "top_p",
-        "min_p",
-        "typical_p",
-        "epsilon_cutoff",
-        "eta_cutoff",
-        "repetition_penalty",
-        "length_penalty",
-        "presence_penalty",
-        "frequency_penalty",
-        "top_n_sigma",
-        "xtc_probability",
-        "xtc_threshold",
-        "dry_multiplier",
-        "dry_base",
-        "mirostat_tau",
-        "mirostat_eta",
-    }
-)
-BOOL_FIELDS = frozenset(
-    {
-        "do_sample",
-        "remove_invalid_values",
-        "renormalize_logits",
-        "output_scores",
-        "output_logits",
-        "logprobs",
-        "json_object",
-        "fast_forward",
-    }
-)
-TOKEN_LIST_FIELDS = frozenset({"suppress_tokens", "begin_suppress_tokens"})
+
+def _annotated(*types: str) -> frozenset[str]:
+    """The fields whose annotation is one of ``types`` (``int | None`` counts as ``int``:
+    None is checked apart, ``ortgen.config.layers``), so a new field is coerced by its
+    declared type without a table to keep in step."""
+    wanted = {t for kind in types for t in (kind, f"{kind} | None")}
+    return frozenset(name for name, f in FIELDS.items() if f.type in wanted)
+
+
+INT_FIELDS = _annotated("int")
+FLOAT_FIELDS = _annotated("float")
+BOOL_FIELDS = _annotated("bool")
+TOKEN_LIST_FIELDS = _annotated("tuple[int, ...]")
 
 
 def normalise(key: str, value: Any) -> Any:
@@ -211,121 +169,176 @@ def _decay(value: Any) -> tuple[int, float]:
     return start, float(factor)
 
 
-def validate(config: GenerationConfig) -> list[str]:
-    """Every out-of-range value and contradiction, as readable sentences."""
+def validate(config: GenerationConfig) -> list[Problem]:
+    """Every out-of-range value and contradiction, as ``(field, sentence)``: the field
+    is the setting the sentence starts with (the one a caller should change)."""
     c = config
-    problems: list[str] = []
+    problems: list[Problem] = []
 
-    def need(ok: bool, message: str) -> None:
+    def need(ok: bool, field: str, message: str) -> None:
         if not ok:
-            problems.append(message)
+            problems.append((field, message))
 
     # length
     need(
         c.max_new_tokens is None or c.max_new_tokens > 0,
+        "max_new_tokens",
         f"max_new_tokens must be > 0, got {c.max_new_tokens}",
     )
-    need(c.max_length is None or c.max_length > 0, f"max_length must be > 0, got {c.max_length}")
+    need(
+        c.max_length is None or c.max_length > 0,
+        "max_length",
+        f"max_length must be > 0, got {c.max_length}",
+    )
     need(
         c.prompt_lookup_num_tokens is None or c.prompt_lookup_num_tokens > 0,
+        "prompt_lookup_num_tokens",
         f"prompt_lookup_num_tokens must be > 0 (null: no prompt lookup), "
         f"got {c.prompt_lookup_num_tokens}",
     )
     need(
         c.max_matching_ngram_size is None or c.max_matching_ngram_size >= 2,
+        "max_matching_ngram_size",
         "max_matching_ngram_size must be >= 2 (one-token matches draft too often to pay), "
         f"got {c.max_matching_ngram_size}",
     )
     need(
         c.drafter is None or c.prompt_lookup_num_tokens is None,
+        "prompt_lookup_num_tokens",
         "set prompt_lookup_num_tokens or drafter, not both",
     )
     need(
         c.max_new_tokens is not None or c.max_length is not None,
+        "max_new_tokens",
         "set max_new_tokens or max_length: without either, generation has no end",
     )
     need(
         c.min_new_tokens is None or c.min_new_tokens >= 0,
+        "min_new_tokens",
         f"min_new_tokens must be >= 0, got {c.min_new_tokens}",
     )
-    need(c.min_length >= 0, f"min_length must be >= 0, got {c.min_length}")
-    need(c.max_time is None or c.max_time > 0, f"max_time must be > 0 seconds, got {c.max_time}")
+    need(c.min_length >= 0, "min_length", f"min_length must be >= 0, got {c.min_length}")
+    need(
+        c.max_time is None or c.max_time > 0,
+        "max_time",
+        f"max_time must be > 0 seconds, got {c.max_time}",
+    )
     # strategy
-    need(c.num_beams >= 1, f"num_beams must be >= 1, got {c.num_beams}")
+    need(c.num_beams >= 1, "num_beams", f"num_beams must be >= 1, got {c.num_beams}")
     need(
         c.num_return_sequences >= 1,
+        "num_return_sequences",
         f"num_return_sequences must be >= 1, got {c.num_return_sequences}",
     )
     if c.num_beams > 1:
         need(
             c.num_return_sequences <= c.num_beams,
+            "num_return_sequences",
             f"num_return_sequences ({c.num_return_sequences}) must be <= num_beams "
             f"({c.num_beams}): beam search returns its best finished beams",
         )
-        need(c.mirostat == 0, "mirostat is a sampler of its own; it cannot run with num_beams > 1")
+        need(
+            c.mirostat == 0,
+            "mirostat",
+            "mirostat is a sampler of its own; it cannot run with num_beams > 1",
+        )
     else:
         need(
             c.num_return_sequences == 1 or c.do_sample,
+            "num_return_sequences",
             "num_return_sequences > 1 needs do_sample=true (or num_beams > 1): greedy "
             "decoding returns the same sequence every time",
         )
-    need(math.isfinite(c.length_penalty), f"length_penalty must be finite, got {c.length_penalty}")
+    need(
+        math.isfinite(c.length_penalty),
+        "length_penalty",
+        f"length_penalty must be finite, got {c.length_penalty}",
+    )
     # distribution (Hugging Face)
     need(
         not c.do_sample or c.temperature > 0,
+        "temperature",
         f"temperature must be > 0 when sampling, got {c.temperature} (for greedy decoding set "
         "do_sample=false)",
     )
-    need(c.top_k >= 0, f"top_k must be >= 0 (0 disables it), got {c.top_k}")
-    need(0.0 <= c.top_p <= 1.0, f"top_p must be in [0, 1], got {c.top_p}")
-    need(c.min_p is None or 0.0 <= c.min_p <= 1.0, f"min_p must be in [0, 1], got {c.min_p}")
-    need(0.0 < c.typical_p <= 1.0, f"typical_p must be in (0, 1], got {c.typical_p}")
+    need(c.top_k >= 0, "top_k", f"top_k must be >= 0 (0 disables it), got {c.top_k}")
+    need(0.0 <= c.top_p <= 1.0, "top_p", f"top_p must be in [0, 1], got {c.top_p}")
+    need(
+        c.min_p is None or 0.0 <= c.min_p <= 1.0, "min_p", f"min_p must be in [0, 1], got {c.min_p}"
+    )
+    need(0.0 < c.typical_p <= 1.0, "typical_p", f"typical_p must be in (0, 1], got {c.typical_p}")
     for key in ("epsilon_cutoff", "eta_cutoff"):
         value = getattr(c, key)
-        need(0.0 <= value < 1.0, f"{key} must be in [0, 1) (0 disables it), got {value}")
+        need(0.0 <= value < 1.0, key, f"{key} must be in [0, 1) (0 disables it), got {value}")
     need(
         c.repetition_penalty > 0,
+        "repetition_penalty",
         f"repetition_penalty must be > 0 (1.0 disables it), got {c.repetition_penalty}",
     )
     need(
         c.no_repeat_ngram_size >= 0,
+        "no_repeat_ngram_size",
         f"no_repeat_ngram_size must be >= 0, got {c.no_repeat_ngram_size}",
     )
     # OpenAI
     for key in ("presence_penalty", "frequency_penalty"):
         value = getattr(c, key)
-        need(-2.0 <= value <= 2.0, f"{key} must be in [-2, 2] (OpenAI's range), got {value}")
+        need(-2.0 <= value <= 2.0, key, f"{key} must be in [-2, 2] (OpenAI's range), got {value}")
     if c.logit_bias:
         bad = {t: b for t, b in c.logit_bias.items() if not -100.0 <= b <= 100.0}
-        need(not bad, f"logit_bias values must be in [-100, 100] (OpenAI's range), got {bad}")
-    need(0 <= c.top_logprobs <= 20, f"top_logprobs must be in [0, 20], got {c.top_logprobs}")
+        need(
+            not bad,
+            "logit_bias",
+            f"logit_bias values must be in [-100, 100] (OpenAI's range), got {bad}",
+        )
+    need(
+        0 <= c.top_logprobs <= 20,
+        "top_logprobs",
+        f"top_logprobs must be in [0, 20], got {c.top_logprobs}",
+    )
     # llama.cpp
     need(
         c.top_n_sigma is None or c.top_n_sigma > 0,
+        "top_n_sigma",
         f"top_n_sigma must be > 0 (null disables it), got {c.top_n_sigma}",
     )
     need(
         0.0 <= c.xtc_probability <= 1.0,
+        "xtc_probability",
         f"xtc_probability must be in [0, 1], got {c.xtc_probability}",
     )
-    need(0.0 <= c.xtc_threshold <= 1.0, f"xtc_threshold must be in [0, 1], got {c.xtc_threshold}")
-    need(c.dry_multiplier >= 0, f"dry_multiplier must be >= 0, got {c.dry_multiplier}")
-    need(c.dry_base >= 1.0, f"dry_base must be >= 1, got {c.dry_base}")
-    need(c.dry_allowed_length >= 0, f"dry_allowed_length must be >= 0, got {c.dry_allowed_length}")
+    need(
+        0.0 <= c.xtc_threshold <= 1.0,
+        "xtc_threshold",
+        f"xtc_threshold must be in [0, 1], got {c.xtc_threshold}",
+    )
+    need(
+        c.dry_multiplier >= 0,
+        "dry_multiplier",
+        f"dry_multiplier must be >= 0, got {c.dry_multiplier}",
+    )
+    need(c.dry_base >= 1.0, "dry_base", f"dry_base must be >= 1, got {c.dry_base}")
+    need(
+        c.dry_allowed_length >= 0,
+        "dry_allowed_length",
+        f"dry_allowed_length must be >= 0, got {c.dry_allowed_length}",
+    )
     need(
         c.dry_penalty_last_n >= -1,
+        "dry_penalty_last_n",
         f"dry_penalty_last_n must be >= -1 (-1: the whole context), got {c.dry_penalty_last_n}",
     )
     need(
         c.mirostat in (0, 2),
+        "mirostat",
         f"mirostat={c.mirostat}: ortgen has mirostat v2 (2) and off (0); v1 is not implemented",
     )
-    need(c.mirostat_tau > 0, f"mirostat_tau must be > 0, got {c.mirostat_tau}")
-    need(c.mirostat_eta > 0, f"mirostat_eta must be > 0, got {c.mirostat_eta}")
+    need(c.mirostat_tau > 0, "mirostat_tau", f"mirostat_tau must be > 0, got {c.mirostat_tau}")
+    need(c.mirostat_eta > 0, "mirostat_eta", f"mirostat_eta must be > 0, got {c.mirostat_eta}")
     # ids
-    need(c.seed is None or c.seed >= 0, f"seed must be >= 0, got {c.seed}")
+    need(c.seed is None or c.seed >= 0, "seed", f"seed must be >= 0, got {c.seed}")
     for key in ("pad_token_id", "bos_token_id", "forced_bos_token_id"):
         value = getattr(c, key)
-        need(value is None or value >= 0, f"{key} must be >= 0, got {value}")
+        need(value is None or value >= 0, key, f"{key} must be >= 0, got {value}")
     problems.extend(structured_settings.validate(c))
     return problems
