@@ -87,7 +87,8 @@ class Feeding(StepFields):
         positions per forward bounds that, and the cache makes the chunks add up to
         the same result as one forward.
         """
-        chunk = self._chunk()
+        limit = self._kv.feed_limit  # read here, not through _chunk(): once per step
+        chunk = min(self.prefill_chunk, (limit.max_feed if limit is not None else None) or 1 << 30)
         while True:
             start = self.fed
             end = min(self.length, start + chunk)
