@@ -1,8 +1,11 @@
 """ortgen: text generation on ONNX Runtime for the CPU.
 
-The public API lives here and only here; plugin authors import nothing else.
-The runtime half (``load`` and what it returns) is imported on first use, so a
-plugin module that only needs ``hookimpl`` and the protocols imports quickly.
+The public API lives here. A plugin imports this package and, besides it, only the
+documented public modules ``ortgen.protocols``, ``ortgen.errors``, ``ortgen.checks`` and
+``ortgen.testing`` (docs/plugins.md, "What a plugin may import"; an import contract holds
+the built-in plugins to it). The runtime half (``load`` and what it returns, and the
+helpers that need it) is imported on first use, so a plugin module that only needs
+``hookimpl`` and the protocols imports quickly.
 """
 
 from __future__ import annotations
@@ -11,8 +14,9 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .candidates import Candidates
+from .candidates import Candidates, best_first
 from .config import GenerationConfig
+from .constraint_check import check_grammar, grammar_text
 from .errors import (
     ComponentError,
     ConfigError,
@@ -24,25 +28,45 @@ from .errors import (
     OutputError,
     PluginError,
 )
-from .hookspecs import Register, hookimpl
+from .hookspecs import (
+    DrafterFactory,
+    KVCacheFactory,
+    LogitsProcessorFactory,
+    Register,
+    SamplerFactory,
+    StoppingCriterionFactory,
+    hookimpl,
+)
 from .protocols import (
+    AdaptsDrafts,
+    BeamsPerPrompt,
+    BelongsToGraph,
     ChecksDrafts,
+    CopiesRows,
+    DeclaresScoreUse,
     Drafter,
     FeedsMask,
     FollowsTokens,
     ForcesTokens,
     ForksCache,
+    ForksState,
     GenerationContext,
+    KeepsSequenceLogprobs,
     KVCache,
     LiftsContext,
+    LimitsFeed,
     LogitsProcessor,
+    NamesFinishReason,
     OwnsPresents,
+    PreparesAhead,
     Reseedable,
     ReusesPrefixes,
+    ReusesRowPrefixes,
     RowSlots,
     Sampler,
     SearchStrategy,
     SelectsRow,
+    ShiftsColumns,
     StoppingCriterion,
     WorksOnCandidates,
 )
@@ -51,8 +75,10 @@ from .version import __version__
 if TYPE_CHECKING:
     from .api import TextGenerator, load
     from .chain_specs import logits_processors
+    from .draft_models import load_draft_model
     from .loop.generate import Generation
     from .outputs import GenerationOutput, StreamPiece
+    from .text.stop_strings import StopStringMatcher
 
 
 _LAZY = {
@@ -62,6 +88,8 @@ _LAZY = {
     "load": "api",
     "Generation": "loop.generate",
     "logits_processors": "chain_specs",
+    "load_draft_model": "draft_models",
+    "StopStringMatcher": "text.stop_strings",
 }
 _default: TextGenerator | None = None
 _default_lock = threading.Lock()  # two threads asking first load the default model once
@@ -96,45 +124,67 @@ def stream(prompt: Any, **settings: Any) -> Iterator[str]:
 
 
 __all__ = [
+    "AdaptsDrafts",
+    "BeamsPerPrompt",
+    "BelongsToGraph",
     "Candidates",
     "ChecksDrafts",
     "ComponentError",
     "ConfigError",
+    "CopiesRows",
+    "DeclaresScoreUse",
     "Drafter",
+    "DrafterFactory",
     "ExportError",
     "FeedsMask",
     "FollowsTokens",
     "ForcesTokens",
     "ForksCache",
+    "ForksState",
     "Generation",
     "GenerationConfig",
     "GenerationContext",
     "GenerationOutput",
     "InputError",
     "KVCache",
+    "KVCacheFactory",
+    "KeepsSequenceLogprobs",
     "LiftsContext",
+    "LimitsFeed",
     "LogitsProcessor",
+    "LogitsProcessorFactory",
     "ModelLoadError",
+    "NamesFinishReason",
     "NoTokenLeft",
     "OrtgenError",
     "OutputError",
     "OwnsPresents",
     "PluginError",
+    "PreparesAhead",
     "Register",
     "Reseedable",
     "ReusesPrefixes",
+    "ReusesRowPrefixes",
     "RowSlots",
     "Sampler",
+    "SamplerFactory",
     "SearchStrategy",
     "SelectsRow",
+    "ShiftsColumns",
+    "StopStringMatcher",
     "StoppingCriterion",
+    "StoppingCriterionFactory",
     "StreamPiece",
     "TextGenerator",
     "WorksOnCandidates",
     "__version__",
+    "best_first",
+    "check_grammar",
     "generate",
+    "grammar_text",
     "hookimpl",
     "load",
+    "load_draft_model",
     "logits_processors",
     "stream",
 ]

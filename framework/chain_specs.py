@@ -273,6 +273,7 @@ class ProcessorChain:
         self._registry = registry
         self._tokenizer = tokenizer
         self.processors: list[tuple[str, LogitsProcessor]] | None = None
+        self._scored: list[scoring.Scored] = []
 
     @property
     def names(self) -> list[str]:
@@ -286,7 +287,8 @@ class ProcessorChain:
         scores = np.asarray(scores, dtype=np.float32)
         if self.processors is None:
             self.processors = self._build(input_ids, scores)
-        return scoring.dense(scoring.process(self.processors, input_ids, scores))
+            self._scored = scoring.resolve(self.processors)
+        return scoring.dense(scoring.process(self._scored, input_ids, scores))
 
     def _build(self, input_ids: Any, scores: Any) -> list[tuple[str, LogitsProcessor]]:
         batch, prompt_length = input_ids.shape

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .loop.generate import Generation
-from .protocols import SEARCH_DEFAULTS
+from .protocols import BeamsPerPrompt, KeepsSequenceLogprobs
 from .structured_output import parse_json_output
 from .text import RowText
 from .tool_calls import ToolPlan, read_tool_calls
@@ -158,11 +158,12 @@ def _search_output(
     tokens, scores = results
     search = state.chain.search
     assert search is not None, "search results come from a search strategy"
-    found = {key: getattr(search, key, default) for key, default in SEARCH_DEFAULTS.items()}
-    rows_per_prompt = int(found["num_beams"])
+    beams = search if isinstance(search, BeamsPerPrompt) else None
+    logprobs = search if isinstance(search, KeepsSequenceLogprobs) else None
+    rows_per_prompt = int(beams.num_beams) if beams is not None else 1
     prompts = state.batch_size // rows_per_prompt
     per_prompt = max(1, len(tokens) // prompts)
-    eos = {int(t) for t in found["eos"]}
+    eos = {int(t) for t in beams.eos} if beams is not None else set()
     width = state.prompt_length + max((len(t) for t in tokens), default=0)
     sequences = np.full((len(tokens), width), state.pad_token_id, dtype=np.int64)
     for i, row in enumerate(tokens):
@@ -187,8 +188,8 @@ def _search_output(
         tokens,
         sequences,
         reasons,
-        logprobs=found["sequence_logprobs"],
-        top_logprobs=found["sequence_top_logprobs"],
+        logprobs=logprobs.sequence_logprobs if logprobs is not None else None,
+        top_logprobs=logprobs.sequence_top_logprobs if logprobs is not None else None,
         scores=list(record.scores) if record.want_scores else None,
         logits=list(record.logits) if record.want_logits else None,
         sequence_scores=scores,

@@ -2,19 +2,81 @@
 
 These are structural protocols: a plugin needs no base class, only the call
 shape. Arrays are numpy and batch-first.
+
+Five kinds of component have a call contract (:class:`LogitsProcessor`, :class:`Sampler`,
+:class:`StoppingCriterion`, :class:`~ortgen.protocols.KVCache`, :class:`Drafter`).
+Everything else the loop uses is an optional capability: one small ``runtime_checkable``
+protocol each, found with ``isinstance`` once, when a request's components are built
+(``ortgen.loop.chain.Chain``, ``ortgen.loop.cache_view.CacheView``), never by asking a
+component for a member by name, and never per step. A type checker then checks a
+plugin against the very members the loop calls. The KV cache's protocols live in
+``cache_protocols.py`` and are re-exported here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Self, runtime_checkable
 
 import numpy as np
+
+from .cache_protocols import (
+    BelongsToGraph,
+    CopiesRows,
+    FeedsMask,
+    ForksCache,
+    KVCache,
+    LiftsContext,
+    LimitsFeed,
+    OwnsPresents,
+    ReusesPrefixes,
+    ReusesRowPrefixes,
+    RowSlots,
+    SelectsRow,
+    ShiftsColumns,
+)
 
 if TYPE_CHECKING:
     from .config import GenerationConfig
     from .model import GraphSignature
+
+__all__ = [
+    "AdaptsDrafts",
+    "BeamsPerPrompt",
+    "BelongsToGraph",
+    "ChecksDrafts",
+    "CopiesRows",
+    "DeclaresScoreUse",
+    "Drafter",
+    "FeedsMask",
+    "FollowsTokens",
+    "ForcesTokens",
+    "ForksCache",
+    "ForksState",
+    "GenerationContext",
+    "KVCache",
+    "KeepsSequenceLogprobs",
+    "LiftsContext",
+    "LimitsFeed",
+    "LogitsProcessor",
+    "NamesFinishReason",
+    "OwnsPresents",
+    "PreparesAhead",
+    "Reseedable",
+    "ReusesPrefixes",
+    "ReusesRowPrefixes",
+    "RowSlots",
+    "Sampler",
+    "SearchStrategy",
+    "SelectsRow",
+    "ShiftsColumns",
+    "StoppingCriterion",
+    "WorksOnCandidates",
+]
+
+
+# -- the five call contracts ---------------------------------------------------------------
 
 
 @runtime_checkable
@@ -35,25 +97,124 @@ class Sampler(Protocol):
 class StoppingCriterion(Protocol):
     """``(input_ids (B,T), scores (B,V)) -> (B,) bool``; True = that row is finished.
 
-    Optional attributes: ``finish_reason`` (str; default the name it is registered
-    under) is the reason a row it ends finishes with; ``uses_scores = False`` says it
-    never reads ``scores``, which it then receives as None when the step's scores are
-    sparse (the loop skips making them dense for it).
+    Optional: :class:`NamesFinishReason` (the reason a row it ends finishes with; default
+    the name it is registered under) and :class:`DeclaresScoreUse`.
     """
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray: ...
 
 
 @runtime_checkable
+class Drafter(Protocol):
+    """Proposes the next tokens of one row (speculative decoding).
+
+    ``draft(tokens, limit)`` gets the row's tokens so far (prompt and generated, 1-D
+    int64, no padding; a view: do not write) and returns at most ``limit`` token ids it
+    expects next (empty: no guess). The loop feeds them after the row's newest token in
+    one forward, samples the model at each position as it would without drafts, keeps
+    the drafts up to the first one the model did not pick plus the model's own token
+    there, and forgets the rest: output is exactly what decoding without drafts gives.
+    Optional: :class:`AdaptsDrafts`.
+    """
+
+    def draft(self, tokens: np.ndarray, limit: int) -> Sequence[int]: ...
+
+
+# -- optional capabilities of processors and samplers --------------------------------------
+
+
+@runtime_checkable
 class WorksOnCandidates(Protocol):
     """Optional capability of a processor or sampler: ``sparse(input_ids, scores)``
-    works on :class:`~ortgen.candidates.Candidates` (the few tokens a truncation such as
+    works on :class:`~ortgen.Candidates` (the few tokens a truncation such as
     top-k left) instead of the whole vocabulary. A processor returns Candidates (or
     None to decline: it then gets dense scores); a sampler returns next ids. The loop
     calls it whenever the scores it holds are sparse; it must give what ``__call__``
     would on the dense scores."""
 
     def sparse(self, input_ids: np.ndarray, scores: Any) -> Any: ...
+
+
+@runtime_checkable
+class Reseedable(Protocol):
+    """Optional capability of a sampler with a random stream: ``reseed(seed)`` starts new
+    streams from ``seed`` (``Generation.fork(seed=...)``; ``multinomial`` and the llama.cpp
+    samplers have it)."""
+
+    def reseed(self, seed: int) -> None: ...
+
+
+@runtime_checkable
+class SearchStrategy(Protocol):
+    """Optional capability of a sampler that searches over rows (beam search).
+
+    After each call it sets ``parents`` (the row each picked token continues: the loop
+    moves its rows, the cache's keys/values and followers accordingly) and ``done`` (True
+    ends every row). ``finalize(sequences)`` returns the chosen sequences (generated
+    tokens) and their scores, best first per prompt. Optional beside it:
+    :class:`BeamsPerPrompt` and :class:`KeepsSequenceLogprobs`.
+    """
+
+    parents: np.ndarray | None
+    done: bool
+
+    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray: ...
+
+    def finalize(self, sequences: np.ndarray) -> tuple[list[list[int]], list[float]]: ...
+
+
+@runtime_checkable
+class BeamsPerPrompt(Protocol):
+    """Optional capability of a :class:`SearchStrategy`: how its rows and results map to
+    prompts. ``num_beams``: rows of the batch per prompt (without it: 1); ``eos``: a chosen
+    sequence ending in one of these ids finished with "eos", else "length" (without it:
+    every one with "length")."""
+
+    @property
+    def num_beams(self) -> int: ...
+
+    @property
+    def eos(self) -> Iterable[int]: ...
+
+
+@runtime_checkable
+class KeepsSequenceLogprobs(Protocol):
+    """Optional capability of a :class:`SearchStrategy`: the chosen sequences'
+    log-probabilities, which the loop cannot keep itself since rows move. Read after
+    ``finalize``; None where they were not asked for (``logprobs``/``top_logprobs``)."""
+
+    @property
+    def sequence_logprobs(self) -> list[list[float]] | None: ...
+
+    @property
+    def sequence_top_logprobs(self) -> list[list[list[tuple[int, float]]]] | None: ...
+
+
+# -- optional capabilities of stopping criteria --------------------------------------------
+
+
+@runtime_checkable
+class NamesFinishReason(Protocol):
+    """Optional capability of a stopping criterion: ``finish_reason`` (a short string such
+    as ``"eos"``) is what the rows it ends report in ``finish_reasons``. Without it, the
+    name it is registered under. A class attribute is enough."""
+
+    @property
+    def finish_reason(self) -> str: ...
+
+
+@runtime_checkable
+class DeclaresScoreUse(Protocol):
+    """Optional capability of a stopping criterion: ``uses_scores = False`` says it never
+    reads ``scores``, which it then receives as None when the step's scores are
+    :class:`~ortgen.Candidates` (the loop skips making them dense for it). Without it (or
+    with True) it gets dense scores."""
+
+    @property
+    def uses_scores(self) -> bool: ...
+
+
+# -- optional capabilities of any component that follows each row's tokens ----------------
 
 
 @runtime_checkable
@@ -73,8 +234,8 @@ class FollowsTokens(Protocol):
     - ``reorder(rows)``: row ``i`` becomes a copy of old row ``rows[i]`` (beam search);
       a row may be copied several times.
 
-    A fork of the request (``Generation.fork``) deep-copies every component; one that
-    holds native state gives a ``fork()`` returning its independent copy instead.
+    Optional beside it: :class:`ForksState`, :class:`PreparesAhead`,
+    :class:`ForcesTokens`, :class:`ChecksDrafts`.
     """
 
     def advance(self, tokens: Sequence[Sequence[int]]) -> None: ...
@@ -82,6 +243,27 @@ class FollowsTokens(Protocol):
     def rewind(self, counts: Sequence[int]) -> None: ...
 
     def reorder(self, rows: np.ndarray) -> None: ...
+
+
+@runtime_checkable
+class ForksState(Protocol):
+    """Optional capability of a :class:`FollowsTokens` component that holds native state
+    (a compiled matcher): ``fork()`` returns its independent copy when the request is
+    forked (``Generation.fork``). Without it the component is deep-copied with the rest
+    of the request, which is enough for plain Python state."""
+
+    def fork(self) -> Self: ...
+
+
+@runtime_checkable
+class PreparesAhead(Protocol):
+    """Optional capability of a :class:`FollowsTokens` component: ``prepare()`` starts the
+    work the next step needs (the ``grammar`` processor computes its mask on another
+    thread beside the forward, since onnxruntime releases the GIL). Called when the next
+    step runs a forward, after ``advance`` and ``forced_tokens``; anything that moves the
+    component's state must first wait for that work."""
+
+    def prepare(self) -> None: ...
 
 
 @runtime_checkable
@@ -114,174 +296,19 @@ class ChecksDrafts(Protocol):
     def valid_prefix(self, row: int, tokens: Sequence[int]) -> int: ...
 
 
-@runtime_checkable
-class Reseedable(Protocol):
-    """Optional capability of a sampler with a random stream: ``fork(seed=...)`` reseeds it
-    (``multinomial`` and the llama.cpp samplers have it)."""
-
-    def reseed(self, seed: int) -> None: ...
+# -- optional capabilities of drafters -----------------------------------------------------
 
 
 @runtime_checkable
-class SearchStrategy(Protocol):
-    """Optional capability of a sampler that searches over rows (beam search).
+class AdaptsDrafts(Protocol):
+    """Optional capability of a :class:`Drafter`: ``accepted(drafted, kept)`` after each
+    verifying forward, with how many tokens it drafted and how many the model kept, for a
+    drafter that adapts how many it proposes (the built-in ``prompt_lookup``)."""
 
-    After each call it sets ``parents`` (the row each picked token continues: the loop
-    moves its rows, the cache's keys/values and followers accordingly) and ``done`` (True
-    ends every row). ``finalize(sequences)`` returns the chosen sequences (generated
-    tokens) and their scores, best first per prompt.
-
-    Optional attributes, read with these defaults when absent (:data:`SEARCH_DEFAULTS`):
-    ``num_beams`` (1: rows of the batch per prompt), ``eos`` (() : a chosen sequence
-    ending in one of these ids finished with "eos", else "length"),
-    ``sequence_logprobs`` and ``sequence_top_logprobs`` (None: the chosen tokens'
-    log-probabilities, which the loop cannot keep itself since rows move).
-    """
-
-    parents: np.ndarray | None
-    done: bool
-
-    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray: ...
-
-    def finalize(self, sequences: np.ndarray) -> tuple[list[list[int]], list[float]]: ...
+    def accepted(self, drafted: int, kept: int) -> None: ...
 
 
-#: what a search strategy without the optional attributes is taken to have
-SEARCH_DEFAULTS: dict[str, Any] = {
-    "num_beams": 1,
-    "eos": (),
-    "sequence_logprobs": None,
-    "sequence_top_logprobs": None,
-}
-
-
-@runtime_checkable
-class KVCache(Protocol):
-    """Past keys/values kept between forwards of one request.
-
-    ``inputs()`` gives the past feeds by graph input name; ``update(presents)``
-    takes the graph's present outputs (same order as ``GraphSignature.past_inputs``)
-    after a forward; ``reorder(rows)`` keeps/duplicates batch rows (beam search);
-    ``crop(length)`` forgets positions past ``length`` (rewind). The optional
-    capabilities the loop uses when a cache has them are the protocols below
-    (:class:`ForksCache`, :class:`SelectsRow`, :class:`OwnsPresents`, :class:`FeedsMask`,
-    :class:`ReusesPrefixes`, :class:`RowSlots`), and two optional attributes:
-    ``signature`` (the ``GraphSignature`` its keys/values belong to: a cache made for
-    another graph is refused) and ``max_feed`` (the most positions one forward may feed).
-    """
-
-    def inputs(self) -> dict[str, Any]: ...
-
-    def update(self, presents: list[Any]) -> None: ...
-
-    def reorder(self, rows: np.ndarray) -> None: ...
-
-    def crop(self, length: int) -> None: ...
-
-    @property
-    def length(self) -> int: ...
-
-    @property
-    def nbytes(self) -> int: ...
-
-
-@runtime_checkable
-class ForksCache(Protocol):
-    """``fork()``: an independent copy holding the same positions (``Generation.fork``)."""
-
-    def fork(self) -> KVCache: ...
-
-
-@runtime_checkable
-class SelectsRow(Protocol):
-    """``select(row)``: until ``select(None)``, ``inputs()``/``update()`` (and ``outputs()``)
-    cover ``row`` alone, from its own first position: rows of different lengths are
-    prefilled one by one on a shared-buffer graph, and a row joining an open batch alone."""
-
-    def select(self, row: int | None) -> None: ...
-
-
-@runtime_checkable
-class OwnsPresents(Protocol):
-    """``outputs(total)``: the buffers the graph writes its presents into, for a forward
-    whose keys/values span ``total`` positions (a preallocated cache binds them, so
-    nothing is copied); ``update()`` then receives those same buffers."""
-
-    def outputs(self, total: int) -> list[Any]: ...
-
-
-@runtime_checkable
-class FeedsMask(Protocol):
-    """``feed_mask(mask, new)``: the attention mask the graph is fed, from the loop's
-    (B, positions) mask and the ``new`` positions of this forward (a window or attention
-    sinks keep fewer positions than the loop has seen)."""
-
-    def feed_mask(self, mask: np.ndarray, new: int) -> np.ndarray: ...
-
-
-@runtime_checkable
-class ReusesPrefixes(Protocol):
-    """Keys/values kept across requests of one model: ``reuse(prompts)`` loads the
-    longest prefix of each prompt it holds and returns those lengths (the loop feeds the
-    rest); ``remember(rows)`` is told each row's tokens when a request ends."""
-
-    def reuse(self, prompts: list[list[int]]) -> list[int]: ...
-
-    def remember(self, rows: list[list[int]]) -> None: ...
-
-
-@runtime_checkable
-class RowSlots(Protocol):
-    """Optional capability of a KV cache whose rows come and go: a continuous batch
-    (``Generation.open()``, the server) admits requests as rows and releases them.
-
-    - ``add_rows(count)``: ``count`` new rows after the last, holding nothing yet; a
-      joining row is then prefilled alone through ``select(row)`` (``inputs()`` and
-      ``outputs()``/``update()`` cover that row only, from its first position).
-    - ``keep_rows(order)``: row ``i`` becomes old row ``order[i]``; the others are
-      dropped (``order`` only moves rows down, into freed places).
-
-    Optional, and used when present: ``shift(columns)`` (keys/values that follow the
-    token buffer's columns: add that many positions on the left, negative drops them);
-    ``reuse_row(row, prompt, chunk) -> int`` (copy in the longest prompt prefix the
-    cache holds from any row, return its length; only what the loop would feed in
-    several-token forwards anyway), ``note_row(row, prompt, taken, chunk)`` (what the
-    row's prefill computed), ``copy_row(source, target, positions)`` (a row joining
-    with another row's very prompt takes its keys/values).
-    """
-
-    def add_rows(self, count: int) -> None: ...
-
-    def keep_rows(self, order: np.ndarray) -> None: ...
-
-
-@runtime_checkable
-class Drafter(Protocol):
-    """Proposes the next tokens of one row (speculative decoding).
-
-    ``draft(tokens, limit)`` gets the row's tokens so far (prompt and generated, 1-D
-    int64, no padding; a view: do not write) and returns at most ``limit`` token ids it
-    expects next (empty: no guess). The loop feeds them after the row's newest token in
-    one forward, samples the model at each position as it would without drafts, keeps
-    the drafts up to the first one the model did not pick plus the model's own token
-    there, and forgets the rest: output is exactly what decoding without drafts gives.
-    Optional: ``accepted(drafted, kept)`` after each verification, for a drafter that
-    adapts how many tokens it proposes.
-    """
-
-    def draft(self, tokens: np.ndarray, limit: int) -> Sequence[int]: ...
-
-
-@runtime_checkable
-class LiftsContext(Protocol):
-    """Optional capability of a KV-cache *factory* (what ``register`` is given, not the
-    cache it makes): a cache that keeps positions within a window lets a request run
-    past the model's trained context, and ``lifts_context(signature)`` says on which
-    graphs (e.g. only those whose positions stay within the window). Without it, a
-    request's length is clipped at the model's context (``TextGenerator.max_length``).
-    """
-
-    def lifts_context(self, signature: Any) -> bool: ...
+# -- what a factory is told ----------------------------------------------------------------
 
 
 @dataclass(frozen=True)

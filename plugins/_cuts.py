@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ortgen import Candidates, ConfigError
-from ortgen.plugins._args import is_int
+from ortgen.checks import is_int
 
 NEG_INF = np.float32(-np.inf)
 _NEG_INF_BITS = NEG_INF.view(np.int32)

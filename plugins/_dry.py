@@ -18,7 +18,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ortgen import ConfigError, GenerationContext
-from ortgen.plugins._args import as_float, is_int
+from ortgen.checks import as_float, is_int
 
 _NEG_INF = np.float32(-np.inf)
 # llama_sampler_init_dry: breakers are cut to 40 characters, their tails to 20 tokens

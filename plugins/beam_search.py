@@ -28,9 +28,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ortgen import ComponentError, ConfigError, GenerationContext, Register, hookimpl
-from ortgen.candidates import best_first
-from ortgen.text.stop_strings import StopStringMatcher
+from ortgen import (
+    ComponentError,
+    ConfigError,
+    GenerationContext,
+    Register,
+    SamplerFactory,
+    StopStringMatcher,
+    best_first,
+    hookimpl,
+)
 
 _NEG = np.float32(-1.0e9)
 
@@ -51,7 +58,7 @@ def _check_log_probs(scores: np.ndarray) -> None:
 
 
 @hookimpl
-def register_samplers(register: Register) -> None:
+def register_samplers(register: Register[SamplerFactory]) -> None:
     register("beam_search", BeamSearch)
 
 
@@ -129,7 +136,9 @@ class BeamSearch:
         if self.top:
             trails["top_ids"] = ((self.top,), np.int64)
             trails["top_lp"] = ((self.top,), np.float32)
-        self.running_trails = {k: np.zeros((*shape, width, *e), t) for k, (e, t) in trails.items()}
+        self.running_trails: dict[str, np.ndarray] = {
+            k: np.zeros((*shape, width, *e), t) for k, (e, t) in trails.items()
+        }
         self.finished_trails = {k: np.zeros_like(v) for k, v in self.running_trails.items()}
         self.sequence_logprobs: list[list[float]] | None = None
         self.sequence_top_logprobs: list[list[list[tuple[int, float]]]] | None = None

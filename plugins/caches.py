@@ -25,7 +25,8 @@ from typing import Any, Self
 import numpy as np
 import onnxruntime as ort
 
-from ortgen import GenerationContext, Register, hookimpl
+from ortgen import GenerationContext, KVCacheFactory, Register, hookimpl
+from ortgen.checks import graph_signature
 
 __all__ = ["DynamicCache", "StaticCache", "as_numpy", "copy_arrays"]
 
@@ -40,10 +41,10 @@ class DynamicCache:
     """
 
     def __init__(self, *, ctx: GenerationContext) -> None:
-        signature = _signature(ctx, "dynamic")
+        signature = graph_signature(ctx, "dynamic")
         self.signature = signature  # the graph these keys/values belong to
         self._names = signature.past_inputs
-        empty = np.zeros(
+        empty: np.ndarray = np.zeros(
             (ctx.batch_size, signature.num_kv_heads, 0, signature.head_dim), signature.kv_dtype
         )
         self._values: list[Any] = [empty] * len(self._names)
@@ -92,7 +93,7 @@ class StaticCache:
     """
 
     def __init__(self, *, ctx: GenerationContext, capacity: int | None = None) -> None:
-        signature = _signature(ctx, "static")
+        signature = graph_signature(ctx, "static")
         self.signature = signature  # the graph these keys/values belong to
         if capacity is not None and (not isinstance(capacity, int) or capacity < 1):
             raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
@@ -261,12 +262,6 @@ def _copied(value: Any) -> Any:
     return value
 
 
-def _signature(ctx: GenerationContext, name: str):
-    if ctx.signature is None:
-        raise ValueError(f"the {name} cache needs the model's graph signature in ctx")
-    return ctx.signature
-
-
 def _shape(value: Any) -> tuple[int, ...]:
     return tuple(value.shape) if isinstance(value, np.ndarray) else tuple(value.shape())
 
@@ -278,6 +273,6 @@ def as_numpy(value: Any) -> np.ndarray:
 
 
 @hookimpl
-def register_kv_caches(register: Register) -> None:
+def register_kv_caches(register: Register[KVCacheFactory]) -> None:
     register("static", StaticCache)
     register("dynamic", DynamicCache)

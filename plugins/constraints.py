@@ -21,14 +21,14 @@ import numbers
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ortgen import ConfigError, GenerationContext, Register, hookimpl
-from ortgen.plugins._args import eos_ids, is_int
+from ortgen import ConfigError, GenerationContext, LogitsProcessorFactory, Register, hookimpl
+from ortgen.checks import eos_ids, is_int
 
 _NEG_INF = np.float32(-np.inf)
 
 
 @hookimpl
-def register_logits_processors(register: Register) -> None:
+def register_logits_processors(register: Register[LogitsProcessorFactory]) -> None:
     register("repetition_penalty", RepetitionPenaltyProcessor)
     register("no_repeat_ngram_size", NoRepeatNGramProcessor)
     register("min_new_tokens", MinNewTokensProcessor)

@@ -12,22 +12,22 @@ the public API). Before each draft it is brought to the target's tokens: it forg
 what the target rejected (``rewind``) and is fed what the target kept that it had not
 proposed (``append``), in one forward with its first draft token. The loaded draft model
 is shared by every request of the target (one session; each request binds its own
-buffers), kept in ``ctx.model_state``.
+buffers), kept in ``ctx.model_state`` by ``ortgen.load_draft_model``, which also refuses a
+draft model whose tokenizer is not the target's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ortgen import ConfigError, GenerationContext, Register, hookimpl
-from ortgen.plugins._args import is_int
+from ortgen import ConfigError, DrafterFactory, GenerationContext, Register, hookimpl
+from ortgen.checks import is_int
 
 #: the draft model's own request: greedy, no end but its length, nothing recorded
-_GREEDY = {"do_sample": False, "eos_token_id": None, "repetition_penalty": 1.0}
+_GREEDY: dict[str, Any] = {"do_sample": False, "eos_token_id": None, "repetition_penalty": 1.0}
 
 
 class DraftModelDrafter:
@@ -50,7 +50,9 @@ class DraftModelDrafter:
                 )
         if not isinstance(model, str) or not model:
             raise ConfigError("drafter 'draft_model' needs model: the draft model's folder")
-        self.gen = _draft_generator(ctx, model, threads)
+        from ortgen import load_draft_model  # the runtime half: loaded when first used
+
+        self.gen = load_draft_model(ctx, model, threads=threads)
         self.num_tokens = int(num_tokens)
         self.next_count = self.num_tokens
         self._max_length = ctx.max_length + self.num_tokens
@@ -98,46 +100,6 @@ class DraftModelDrafter:
             state.append([tokens[common:].tolist()])
 
 
-def _draft_generator(ctx: GenerationContext, folder: str, threads: int) -> Any:
-    """The loaded draft model, once per target model (``ctx.model_state``); refused
-    when its tokenizer is not the target's."""
-    from ortgen import load
-
-    key = ("draft_model", str(Path(folder).resolve()), threads)
-    loaded = ctx.model_state.get(key)
-    if loaded is None:
-        try:
-            loaded = load(folder, threads=threads)
-        except Exception as exc:
-            raise ConfigError(
-                f"drafter 'draft_model' could not load {folder!r}: {type(exc).__name__}: {exc}"
-            ) from exc
-        _check_same_tokenizer(ctx, loaded, folder)
-        # two requests loading at once keep one of them: every request shares that one
-        loaded = ctx.model_state.setdefault(key, loaded)
-    return loaded
-
-
-def _check_same_tokenizer(ctx: GenerationContext, draft: Any, folder: str) -> None:
-    """Drafts are token ids: they mean the same text only with the same vocabulary."""
-    width = draft.model.signature.vocab_size
-    if width != ctx.vocab_size:
-        raise ConfigError(
-            f"drafter 'draft_model': {folder!r} scores {width} tokens, the target "
-            f"{ctx.vocab_size}; a draft model needs the target's tokenizer"
-        )
-    ours, theirs = ctx.tokenizer, draft.tokenizer
-    if (
-        ours is not None
-        and theirs is not None
-        and ours.backend.get_vocab() != theirs.backend.get_vocab()
-    ):
-        raise ConfigError(
-            f"drafter 'draft_model': the tokenizer of {folder!r} is not the target's "
-            "(its vocabulary differs); a draft model needs the target's tokenizer"
-        )
-
-
 @hookimpl
-def register_drafters(register: Register) -> None:
+def register_drafters(register: Register[DrafterFactory]) -> None:
     register("draft_model", DraftModelDrafter)

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ortgen import ConfigError, Register, hookimpl
-from ortgen.plugins._args import is_int
+from ortgen import ConfigError, DrafterFactory, Register, hookimpl
+from ortgen.checks import is_int
 
 
 class PromptLookupDrafter:
@@ -67,5 +67,5 @@ class PromptLookupDrafter:
 
 
 @hookimpl
-def register_drafters(register: Register) -> None:
+def register_drafters(register: Register[DrafterFactory]) -> None:
     register("prompt_lookup", PromptLookupDrafter)

@@ -29,8 +29,15 @@ from typing import Any
 
 import numpy as np
 
-from ortgen import Candidates, ConfigError, GenerationContext, Register, hookimpl
-from ortgen.errors import NoTokenLeft
+from ortgen import (
+    Candidates,
+    ConfigError,
+    GenerationContext,
+    LogitsProcessorFactory,
+    NoTokenLeft,
+    Register,
+    hookimpl,
+)
 
 from .grammar_compile import check_grammar, grammar_text, shared_tokenizer
 
@@ -317,5 +324,5 @@ def _reason(matcher: Any) -> str:
 
 
 @hookimpl
-def register_logits_processors(register: Register) -> None:
+def register_logits_processors(register: Register[LogitsProcessorFactory]) -> None:
     register("grammar", GrammarConstraint)

@@ -25,9 +25,9 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from ortgen.constraint_check import JSON_DEFAULTS, check_grammar, grammar_text
+from ortgen import check_grammar, grammar_text
 
-__all__ = ["JSON_DEFAULTS", "check_grammar", "grammar_text", "shared_tokenizer"]
+__all__ = ["check_grammar", "grammar_text", "shared_tokenizer"]
 
 _STATE_KEY = "grammar.tokenizers"
 _LOCK_KEY = "grammar.lock"

@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from ortgen import GenerationContext, Register, hookimpl
+from ortgen import GenerationContext, KVCacheFactory, Register, hookimpl
+from ortgen.checks import is_int
 
-from ._args import is_int
 from .caches import StaticCache
 
 #: default bound of one model's store
@@ -137,11 +137,11 @@ class PrefixCache(StaticCache):
         if not is_int(max_bytes) or max_bytes < 0:
             raise ValueError(f"max_bytes must be a non-negative integer, got {max_bytes!r}")
         super().__init__(ctx=ctx, capacity=capacity)
-        self.signature = ctx.signature
+        signature = self.signature  # the static cache's (graph_signature: not None)
         # setdefault: two threads starting the model's first requests get one store
-        store = ctx.model_state.setdefault("prefix", PrefixStore(ctx.signature, max_bytes))
-        if store.signature != ctx.signature:  # a context shared by another graph's requests
-            store = ctx.model_state["prefix"] = PrefixStore(ctx.signature, max_bytes)
+        store = ctx.model_state.setdefault("prefix", PrefixStore(signature, max_bytes))
+        if store.signature != signature:  # a context shared by another graph's requests
+            store = ctx.model_state["prefix"] = PrefixStore(signature, max_bytes)
         store.max_bytes = max_bytes
         self.store: PrefixStore = store
         self._prompt_length = ctx.prompt_length
@@ -191,5 +191,5 @@ class PrefixCache(StaticCache):
 
 
 @hookimpl
-def register_kv_caches(register: Register) -> None:
+def register_kv_caches(register: Register[KVCacheFactory]) -> None:
     register("prefix", PrefixCache)

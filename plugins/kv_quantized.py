@@ -18,15 +18,14 @@ MiB; with 64, 18.99 and 0.94 in 5.31 MiB (8 bits alone: 19.11 and 0.95 in 4.12 M
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
-from ortgen import ConfigError, GenerationContext, hookimpl
+from ortgen import ConfigError, GenerationContext, KVCacheFactory, Register, hookimpl
+from ortgen.checks import is_int
 
-from ._args import is_int
 from .caches import as_numpy, copy_arrays
 
 _FP16_MAX = float(np.finfo(np.float16).max)
@@ -305,7 +304,8 @@ class QuantizedCache:
         return slice(None) if self._row is None else slice(self._row, self._row + 1)
 
     def _stores(self) -> list[np.ndarray]:
-        return [self._codes, self._scales] + ([self._mins] if self._bits == 4 else [])
+        stores: list[np.ndarray] = [self._codes, self._scales]
+        return [*stores, self._mins] if self._bits == 4 else stores
 
     def _allocate(self, rows: int, capacity: int) -> None:
         signature = self.signature
@@ -350,5 +350,5 @@ def _nonzero(scale: np.ndarray) -> np.ndarray:
 
 
 @hookimpl
-def register_kv_caches(register: Callable[..., None]) -> None:
+def register_kv_caches(register: Register[KVCacheFactory]) -> None:
     register("quantized", QuantizedCache)

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from ortgen import GenerationContext, Register, hookimpl
+from ortgen import GenerationContext, KVCacheFactory, Register, hookimpl
 
 from .caches import DynamicCache, StaticCache, as_numpy
 from .kv_prefix import common_prefix_length
@@ -246,6 +246,6 @@ class ConcatSlots(DynamicCache):
 
 
 @hookimpl
-def register_kv_caches(register: Register) -> None:
+def register_kv_caches(register: Register[KVCacheFactory]) -> None:
     register("slots", SlotCache)
     register("concat_slots", ConcatSlots)

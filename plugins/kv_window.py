@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from ortgen import GenerationContext, Register, hookimpl
+from ortgen import GenerationContext, KVCacheFactory, Register, hookimpl
+from ortgen.checks import graph_signature, is_int
 
-from ._args import is_int
 from ._rope import KeyShifter, inverse_frequencies
 from .caches import as_numpy, copy_arrays
 
@@ -60,8 +60,7 @@ def sliding_window_cache(
             divides that cost for a window that briefly spans fewer positions. Optimum
             graphs move their window for free, one position at a time, and ignore it.
     """
-    if ctx.signature is None:
-        raise ValueError("the sliding_window cache needs the model's graph signature in ctx")
+    signature = graph_signature(ctx, "sliding_window")
     declared = declared_window(ctx.model_config)
     window = declared if window is None else window
     if window is None:
@@ -75,7 +74,7 @@ def sliding_window_cache(
         raise ValueError(f"sink must be a non-negative integer, got {sink!r}")
     if not is_int(evict) or not 1 <= evict < window:
         raise ValueError(f"evict must be an integer in [1, window), got {evict!r}")
-    shared = ctx.signature.shared_kv
+    shared = signature.shared_kv
     exact = declared == window and sink == 0 and not shared
     if not exact:
         warnings.warn(
@@ -113,7 +112,7 @@ class _WindowBase:
     max_feed: int | None = None
 
     def __init__(self, ctx: GenerationContext, window: int, sink: int, *, exact: bool) -> None:
-        self.signature = ctx.signature
+        self.signature = graph_signature(ctx, "sliding_window")
         self.window, self.sink, self.exact = window, sink, exact
 
     @property
@@ -131,7 +130,7 @@ class RingWindowCache(_WindowBase):
 
     def __init__(self, ctx: GenerationContext, window: int, sink: int, *, exact: bool) -> None:
         super().__init__(ctx, window, sink, exact=exact)
-        sig = ctx.signature
+        sig = self.signature
         self.ring = window - 1
         slots = self.sink + self.ring
         shape = (ctx.batch_size, sig.num_kv_heads, slots, sig.head_dim)
@@ -248,13 +247,13 @@ class SharedWindowCache(_WindowBase):
         self, ctx: GenerationContext, window: int, sink: int, *, exact: bool, evict: int = 1
     ) -> None:
         super().__init__(ctx, window, sink, exact=exact)
-        sig = ctx.signature
+        sig = self.signature
         self.capacity = self.sink + self.window  # the window's tokens plus the new one
         self.evict = evict
         layers = sig.num_layers
         shape = (layers, ctx.batch_size, sig.num_kv_heads, self.capacity, sig.head_dim)
-        self._k = np.zeros(shape, sig.kv_dtype)
-        self._v = np.zeros(shape, sig.kv_dtype)
+        self._k: np.ndarray = np.zeros(shape, sig.kv_dtype)
+        self._v: np.ndarray = np.zeros(shape, sig.kv_dtype)
         self._shifter = KeyShifter(
             inverse_frequencies(ctx.model_config, sig.head_dim), np.dtype(sig.kv_dtype)
         )
@@ -364,5 +363,5 @@ class SharedWindowCache(_WindowBase):
 
 
 @hookimpl
-def register_kv_caches(register: Register) -> None:
+def register_kv_caches(register: Register[KVCacheFactory]) -> None:
     register("sliding_window", SlidingWindowFactory())

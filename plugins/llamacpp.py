@@ -22,11 +22,21 @@ import math
 
 import numpy as np
 
-from ortgen import Candidates, ComponentError, ConfigError, GenerationContext, Register, hookimpl
-from ortgen.plugins._args import as_float, is_int
-from ortgen.plugins._dry import DryProcessor
-from ortgen.plugins._numeric import present_scores
-from ortgen.plugins.samplers import MultinomialSampler, _unusable_rows
+from ortgen import (
+    Candidates,
+    ComponentError,
+    ConfigError,
+    GenerationContext,
+    LogitsProcessorFactory,
+    Register,
+    SamplerFactory,
+    hookimpl,
+)
+from ortgen.checks import as_float, check_pickable, is_int
+
+from ._dry import DryProcessor
+from ._numeric import present_scores
+from .samplers import MultinomialSampler
 
 _NEG_INF = np.float32(-np.inf)
 # spawn key of XTC's random stream: independent of the sampler's default_rng(ctx.seed)
@@ -34,14 +44,14 @@ _XTC_STREAM = 0x585443
 
 
 @hookimpl
-def register_logits_processors(register: Register) -> None:
+def register_logits_processors(register: Register[LogitsProcessorFactory]) -> None:
     register("dry", DryProcessor)
     register("top_n_sigma", TopNSigmaProcessor)
     register("xtc", XtcProcessor)
 
 
 @hookimpl
-def register_samplers(register: Register) -> None:
+def register_samplers(register: Register[SamplerFactory]) -> None:
     register("mirostat_v2", MirostatV2Sampler)
 
 
@@ -257,7 +267,7 @@ class MirostatV2Sampler:
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
         scores = np.asarray(scores, dtype=np.float32)
-        _unusable_rows("mirostat_v2", scores.max(axis=-1))
+        check_pickable("mirostat_v2", scores.max(axis=-1))
         truncated = self.distribution(scores, self._mu(scores.shape[0]))
         picked = self._multinomial(input_ids, truncated)
         self._update(truncated, picked)
@@ -266,7 +276,7 @@ class MirostatV2Sampler:
     def sparse(self, input_ids: np.ndarray, scores: Candidates) -> np.ndarray:
         """The same step on candidates: the same truncation, draw and update of ``mu``."""
         packed = scores.packed
-        _unusable_rows("mirostat_v2", packed.max(axis=-1))  # packing drops only -inf
+        check_pickable("mirostat_v2", packed.max(axis=-1))  # packing drops only -inf
         truncated = self.distribution(packed, self._mu(packed.shape[0]))
         columns = self._multinomial.draw_columns(truncated)
         self._update(truncated, columns)

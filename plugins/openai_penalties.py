@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from ortgen import ConfigError, GenerationContext, Register, hookimpl
-from ortgen.plugins._args import as_float, is_int
+from ortgen import ConfigError, GenerationContext, LogitsProcessorFactory, Register, hookimpl
+from ortgen.checks import as_float, is_int
 
 
 @hookimpl
-def register_logits_processors(register: Register) -> None:
+def register_logits_processors(register: Register[LogitsProcessorFactory]) -> None:
     register("presence_penalty", PresencePenaltyProcessor)
     register("frequency_penalty", FrequencyPenaltyProcessor)
     register("logit_bias", LogitBiasProcessor)

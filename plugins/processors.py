@@ -27,9 +27,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ortgen import Candidates, ConfigError, Register, hookimpl
-from ortgen.plugins._args import as_float, is_int
-from ortgen.plugins._cuts import (
+from ortgen import Candidates, ConfigError, LogitsProcessorFactory, Register, hookimpl
+from ortgen.checks import as_float, is_int
+
+from ._cuts import (
     NEG_INF,
     check_min_tokens_to_keep,
     closest,
@@ -45,14 +46,14 @@ from ortgen.plugins._cuts import (
     tiers,
     top_k_few,
 )
-from ortgen.plugins._numeric import count_prefix
+from ._numeric import count_prefix
 
 # A row this short is cut with Python floats (see TopPProcessor._cut_few).
 _FEW = 128
 
 
 @hookimpl
-def register_logits_processors(register: Register) -> None:
+def register_logits_processors(register: Register[LogitsProcessorFactory]) -> None:
     register("temperature", TemperatureProcessor)
     register("top_k", TopKProcessor)
     register("top_p", TopPProcessor)

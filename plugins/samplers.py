@@ -14,37 +14,19 @@ import math
 
 import numpy as np
 
-from ortgen import Candidates, ComponentError, GenerationContext, Register, hookimpl
-from ortgen.errors import NoTokenLeft
-from ortgen.plugins._numeric import PrefixSums
+from ortgen import Candidates, GenerationContext, Register, SamplerFactory, hookimpl
+from ortgen.checks import check_pickable
+
+from ._numeric import PrefixSums
 
 # A row this short is drawn from with Python floats (see MultinomialSampler._draw_few).
 _FEW = 128
 
 
 @hookimpl
-def register_samplers(register: Register) -> None:
+def register_samplers(register: Register[SamplerFactory]) -> None:
     register("greedy", GreedySampler)
     register("multinomial", MultinomialSampler)
-
-
-def _unusable_rows(name: str, best: np.ndarray, *, allow_inf: bool = False) -> None:
-    """Raise for rows whose best score is NaN, -inf (all -inf) or, unless allowed, +inf."""
-    bad = np.isnan(best) | (best == -np.inf) if allow_inf else ~np.isfinite(best)
-    if bad.any():
-        row = int(np.flatnonzero(bad)[0])
-        value = best[row]
-        if np.isnan(value):
-            why = "contain NaN"
-        elif value > 0:
-            why = "contain +inf"
-        else:
-            why = "are all -inf"
-        error = NoTokenLeft if why == "are all -inf" else ComponentError
-        raise error(
-            f"sampler {name!r}: the scores of row {row} {why}, so no token can be picked "
-            f"({int(bad.sum())} of {bad.size} rows affected); check the logits processors"
-        )
 
 
 class GreedySampler:
@@ -60,7 +42,7 @@ class GreedySampler:
         # a vectorised check cost ~140 us of cold code, this a few.
         best = [float(scores[row, pick]) for row, pick in enumerate(picked.tolist())]
         if not all(value > -math.inf for value in best):
-            _unusable_rows("greedy", np.asarray(best, dtype=np.float32), allow_inf=True)
+            check_pickable("greedy", np.asarray(best, dtype=np.float32), allow_inf=True)
         return picked.astype(np.int64, copy=False)
 
     def sparse(self, input_ids: np.ndarray, scores: Candidates) -> np.ndarray:
@@ -151,7 +133,7 @@ class MultinomialSampler:
         # not scanned once more for it.
         top = scores.max(axis=-1)
         if not all(map(math.isfinite, top.tolist())):  # Python floats: cheaper than 3 numpy calls
-            _unusable_rows("multinomial", top)
+            check_pickable("multinomial", top)
         weights = np.exp(scores - top[:, None])
         cdf = PrefixSums(weights)
         if self._row_rngs is not None:
@@ -175,8 +157,9 @@ def row_generators(ctx: GenerationContext) -> list[np.random.Generator]:
     """One generator per row: a row's own seed, or for an unseeded row a stream derived
     from the request's seed and the row (fresh entropy without one)."""
     streams = []
-    for row, seed in enumerate(ctx.row_seeds):
-        if seed is None:
+    for row, own in enumerate(ctx.row_seeds):
+        seed: int | list[int] | None = own
+        if own is None:
             seed = None if ctx.seed is None else [ctx.seed, row]
         streams.append(np.random.default_rng(seed))
     return streams

@@ -15,12 +15,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ortgen import ConfigError, GenerationContext, Register, hookimpl
-from ortgen.plugins._args import eos_ids, is_int
+from ortgen import ConfigError, GenerationContext, Register, StoppingCriterionFactory, hookimpl
+from ortgen.checks import eos_ids, is_int
 
 
 @hookimpl
-def register_stopping_criteria(register: Register) -> None:
+def register_stopping_criteria(register: Register[StoppingCriterionFactory]) -> None:
     register("eos", EosCriterion)
     register("max_length", MaxLengthCriterion)
     register("max_time", MaxTimeCriterion)

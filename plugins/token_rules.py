@@ -32,14 +32,14 @@ from typing import Any
 
 import numpy as np
 
-from ortgen import ConfigError, GenerationContext, Register, hookimpl
-from ortgen.plugins._args import as_float, eos_ids, is_int, token_ids
+from ortgen import ConfigError, GenerationContext, LogitsProcessorFactory, Register, hookimpl
+from ortgen.checks import as_float, eos_ids, is_int, token_ids
 
 _NEG_INF = np.float32(-np.inf)
 
 
 @hookimpl
-def register_logits_processors(register: Register) -> None:
+def register_logits_processors(register: Register[LogitsProcessorFactory]) -> None:
     register("sequence_bias", SequenceBiasProcessor)
     register("min_length", MinLengthProcessor)
     register("forced_bos_token_id", ForcedBOSTokenProcessor)

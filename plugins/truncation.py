@@ -22,16 +22,17 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ortgen import Candidates, ConfigError, Register, hookimpl
-from ortgen.plugins._args import as_float
-from ortgen.plugins._cuts import check_min_tokens_to_keep, f32, few_kept, fill
-from ortgen.plugins._numeric import present_scores
+from ortgen import Candidates, ConfigError, LogitsProcessorFactory, Register, hookimpl
+from ortgen.checks import as_float
+
+from ._cuts import check_min_tokens_to_keep, f32, few_kept, fill
+from ._numeric import present_scores
 
 _F32_MIN = np.finfo(np.float32).min
 
 
 @hookimpl
-def register_logits_processors(register: Register) -> None:
+def register_logits_processors(register: Register[LogitsProcessorFactory]) -> None:
     register("epsilon_cutoff", EpsilonCutoffProcessor)
     register("eta_cutoff", EtaCutoffProcessor)
 

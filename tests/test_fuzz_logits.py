@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from ortgen import ComponentError, OrtgenError
-from ortgen.loop.scoring import dense, pick, process
+from ortgen.loop.scoring import dense, pick, process, resolve, works_on_candidates
 from ortgen.plugin_manager import build_registry, make_plugin_manager
 from ortgen.testing import make_context
 from tests.fuzz_settings import ANSWERED, REFUSED, answering, fuzz, outcome
@@ -255,14 +255,14 @@ def check_picked(picked: Any, scores: np.ndarray, *, search: bool = False) -> No
 def run_chain(processors: list[tuple[str, Any]], sampler: tuple[str, Any], ids, scores) -> None:
     shape = scores.shape
     try:
-        out = process(processors, ids, scores.copy())
+        out = process(resolve(processors), ids, scores.copy())
     except OrtgenError:
         event("a processor refused")
         outcome(REFUSED)
         return
     processed = check_processed(out, shape)
     try:
-        picked = pick(sampler, ids, out)
+        picked = pick(sampler, works_on_candidates(sampler[1]), ids, out)
     except OrtgenError:
         event("the sampler refused")
         outcome(REFUSED)
@@ -311,7 +311,7 @@ def test_processor_keeps_plain_logits_free_of_nan(name, data, seed):
         outcome(REFUSED)
         return
     try:
-        out = process([(name, processor)], ids, scores.copy())
+        out = process(resolve([(name, processor)]), ids, scores.copy())
     except OrtgenError:
         outcome(REFUSED)
         return
@@ -427,16 +427,18 @@ def test_grammar_leaves_a_nan_row_to_the_sampler(tiny_tokenizer):
     ids = np.zeros((1, 1), np.int64)
     ctx = context(ids, TEXT_VOCAB, 0, tokenizer=tiny_tokenizer)
     grammar = REGISTRY.create("logits_processor", "grammar", {"choice": ["yes", "no"]}, ctx)
-    out = process([("grammar", grammar)], ids, np.full((1, TEXT_VOCAB), NAN, np.float32))
+    out = process(resolve([("grammar", grammar)]), ids, np.full((1, TEXT_VOCAB), NAN, np.float32))
     with pytest.raises(ComponentError, match=r"'greedy'.*NaN"):
-        pick(GREEDY, ids, out)
+        pick(GREEDY, works_on_candidates(GREEDY[1]), ids, out)
     ctx = context(ids, TEXT_VOCAB, 0, tokenizer=tiny_tokenizer)
     grammar = REGISTRY.create("logits_processor", "grammar", {"choice": ["yes", "no"]}, ctx)
     scores = np.zeros((1, TEXT_VOCAB), np.float32)
     scores[0, tiny_tokenizer.encode("y")[0]] = INF
-    out = process([("grammar", grammar)], ids, scores)
-    assert pick(GREEDY, ids, out).tolist() == tiny_tokenizer.encode("y")
+    out = process(resolve([("grammar", grammar)]), ids, scores)
+    assert pick(GREEDY, works_on_candidates(GREEDY[1]), ids, out).tolist() == tiny_tokenizer.encode(
+        "y"
+    )
     ctx = context(ids, TEXT_VOCAB, 0, tokenizer=tiny_tokenizer)
     grammar = REGISTRY.create("logits_processor", "grammar", {"choice": ["yes", "no"]}, ctx)
     with pytest.raises(ComponentError, match=r"'grammar'.*removed by an earlier processor"):
-        process([("grammar", grammar)], ids, np.full((1, TEXT_VOCAB), -INF, np.float32))
+        process(resolve([("grammar", grammar)]), ids, np.full((1, TEXT_VOCAB), -INF, np.float32))

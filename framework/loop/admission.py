@@ -12,8 +12,9 @@ a request gives what it gives sent alone; a component that raises fails only its
 (``errors[row]``).
 
 The KV cache must hold rows that come and go (the ``RowSlots`` capability: ``add_rows``,
-``keep_rows``; ``shift`` where keys/values follow the columns, as on concat graphs; and
-optionally prompt prefixes other rows left, ``reuse_row``/``note_row``/``copy_row``).
+``keep_rows``) and feed one of them alone (``SelectsRow``); it may shift its keys/values
+with the columns (``ShiftsColumns``, as on concat graphs), and take prompt prefixes
+other rows left (``ReusesRowPrefixes``, ``CopiesRows``).
 The built-ins are ``slots`` (fused graphs) and ``concat_slots`` (optimum graphs).
 """
 
@@ -30,6 +31,7 @@ from ..model import ExportedModel
 from ..protocols import RowSlots
 from ..text import RowText, Tokenizer
 from . import scoring
+from .cache_view import CacheView
 from .chain import Chain
 from .rows import RowState, one_row
 from .step_fields import StepFields
@@ -53,12 +55,15 @@ class Admission(StepFields):
     ) -> Self:
         """An empty batch whose rows join with ``admit()`` and leave with ``release()``;
         ``cache`` is a chain holding the KV cache every row shares (it must have the
-        ``RowSlots`` capability)."""
-        if not isinstance(cache.cache, RowSlots):
+        ``RowSlots`` and ``SelectsRow`` capabilities)."""
+        kv = CacheView.of(cache.cache, cache.cache_name)
+        if kv.slots is None or kv.selects is None:
+            missing = "add_rows()/keep_rows(), the RowSlots" if kv.slots is None else ""
+            missing = missing or "select(), the SelectsRow"
             raise InputError(
                 f"kv cache {cache.cache_name!r} cannot hold rows that join and leave a batch "
-                "(it has no add_rows()/keep_rows(), the RowSlots capability): continuous "
-                "batching needs one, such as the built-in 'slots' or 'concat_slots'"
+                f"(it has no {missing} capability): continuous batching needs one, such as "
+                "the built-in 'slots' or 'concat_slots'"
             )
         state = cls.__new__(cls)
         state._setup(model, cache, pad_token_id, tokenizer, [])
@@ -113,7 +118,7 @@ class Admission(StepFields):
         self._solo.add(id(chain))
         self._regroup()
         self._note_components()
-        self._cache_call("add_rows", 1)
+        self._cache_call(self._slots().add_rows, 1)
         failed: list[ComponentError] = []
         try:
             logits = self._prefill_joined(row, prompt, pad, end)
@@ -133,25 +138,27 @@ class Admission(StepFields):
     def _prefill_joined(self, row: int, prompt: list[int], pad: int, end: int) -> np.ndarray:
         """The joining row's prompt fed alone (what the cache already holds skipped);
         the last position's logits (1, V)."""
-        cache = self.chain.cache
+        kv = self._kv
         key = tuple(prompt)
         held = self._prefilled.get(key)
-        if held is not None and hasattr(cache, "copy_row"):  # the same keys/values, exactly
+        if held is not None and kv.copies is not None:  # the same keys/values, exactly
             logits, source = held
-            self._cache_call("copy_row", source, row, len(prompt))
+            self._cache_call(kv.copies.copy_row, source, row, len(prompt))
             self.shared_prefills += 1
             return logits.copy()
         taken = 0
-        if hasattr(cache, "reuse_row"):
-            taken = int(self._cache_call("reuse_row", row, prompt, self.prefill_chunk))
+        if kv.row_prefixes is not None:
+            reuse_row = kv.row_prefixes.reuse_row
+            taken = int(self._cache_call(reuse_row, row, prompt, self.prefill_chunk))
         try:
             for first in range(pad + taken, end, self.prefill_chunk):
                 logits = self._run_row(row, first, min(end, first + self.prefill_chunk))
         finally:
-            self._cache_call("select", None)
+            self._select(None)
         last = np.array(logits[:, -1, :], dtype=np.float32)
-        if hasattr(cache, "note_row"):
-            self._cache_call("note_row", row, prompt, taken, self.prefill_chunk)
+        if kv.row_prefixes is not None:
+            note_row = kv.row_prefixes.note_row
+            self._cache_call(note_row, row, prompt, taken, self.prefill_chunk)
         self.reused_tokens += taken
         self._prefilled[key] = (last, row)
         return last
@@ -190,6 +197,13 @@ class Admission(StepFields):
         if stopped:
             self.finish(row, "stop_string")
 
+    def _slots(self) -> RowSlots:
+        """The cache's ``RowSlots`` capability (``open()`` checked that it has it)."""
+        slots = self._kv.slots
+        if slots is None:
+            raise InputError("rows join and leave an open batch only (Generation.open())")
+        return slots
+
     def release(self, rows: Sequence[int]) -> list[int]:
         """Drop ``rows``: each freed place takes one of the last rows, so few rows move.
         Returns the new order: new row ``i`` is old row ``order[i]``."""
@@ -206,7 +220,7 @@ class Admission(StepFields):
         for hole, source in zip(holes, tail, strict=True):
             order[hole] = source
         index = np.asarray(order, dtype=np.int64)
-        self._cache_call("keep_rows", index)
+        self._cache_call(self._slots().keep_rows, index)
         self.rows.take(index)
         self.record.take(index)
         moved = {old: new for new, old in enumerate(order)}
@@ -227,9 +241,9 @@ class Admission(StepFields):
     def _shift_columns(self, columns: int) -> None:
         """Add ``columns`` padding columns on the left (negative: drop them). On a
         shared-buffer graph the keys and values do not move (they never followed the
-        columns); a cache whose positions follow the columns shifts too (``shift``)."""
-        if hasattr(self.chain.cache, "shift"):
-            self._cache_call("shift", columns)
+        columns); a cache whose positions follow the columns shifts too (``ShiftsColumns``)."""
+        if self._kv.shifts is not None:
+            self._cache_call(self._kv.shifts.shift, columns)
         self.rows.shift(columns, self.pad_token_id)
         self.record.shift(columns)
         self.length += columns

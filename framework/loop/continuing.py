@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 import numpy as np
 
 from ..errors import ComponentError, InputError
-from ..protocols import ForksCache, Reseedable
+from ..protocols import ForksState, Reseedable
 from .chain import Chain
 from .step_fields import StepFields
 from .step_record import StepRecord
-
-if TYPE_CHECKING:
-    pass
 
 
 class Continuing(StepFields):
@@ -40,7 +37,7 @@ class Continuing(StepFields):
         picks what the original would; ``seed`` reseeds the fork's samplers instead
         (those with a ``reseed(seed)`` method, like ``multinomial``).
         """
-        if not isinstance(self.chain.cache, ForksCache):
+        if self._kv.forks is None:
             raise InputError(
                 f"kv cache {self.chain.cache_name!r} cannot be forked: it has no fork() method"
             )
@@ -53,14 +50,16 @@ class Continuing(StepFields):
             return self._fork(seed)
 
     def _fork(self, seed: int | None) -> Self:
-        cache = self._cache_call("fork")
-        memo: dict[int, Any] = {id(self.model): self.model, id(self.chain.cache): cache}
+        forks = self._kv.forks
+        assert forks is not None, "fork() checked that the cache forks"
+        cache = self._cache_call(forks.fork)
+        memo: dict[int, Any] = {id(self.model): self.model, id(self._kv.cache): cache}
         if self.tokenizer is not None:
             memo[id(self.tokenizer)] = self.tokenizer
         for _, chain in self._groups:  # components with native state copy themselves
             for name, component in chain.followers:
-                if hasattr(component, "fork") and id(component) not in memo:
-                    memo[id(component)] = self._tell("fork", name, component)
+                if isinstance(component, ForksState) and id(component) not in memo:
+                    memo[id(component)] = self._tell(name, component.fork)
         try:
             twin = copy.deepcopy(self, memo)
         except Exception as exc:
@@ -106,7 +105,7 @@ class Continuing(StepFields):
             if not tokens:
                 raise InputError("force_positions() needs tokens")
             self._write(np.asarray([list(tokens)], dtype=np.int64))
-            chunk = min(self.prefill_chunk, getattr(self.chain.cache, "max_feed", None) or 1 << 30)
+            chunk = self._chunk()
             parts = []
             while self.fed < self.length:
                 start, end = self.fed, min(self.length, self.fed + chunk)
@@ -182,7 +181,7 @@ class Continuing(StepFields):
         np.minimum(self.rows.prompt_end, self.length, out=self.rows.prompt_end)
         if self.fed >= self.length:  # re-feed the last kept token to get its logits again
             self.fed = self.length - 1
-            self._cache_call("crop", self.fed)
+            self._cache_call(self._kv.cache.crop, self.fed)
         self._reopen()
         self._reset_forced()
 

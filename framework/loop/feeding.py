@@ -10,22 +10,21 @@ one at a time where a shared-buffer graph needs it, what a cache already holds
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
 
 import numpy as np
 
 from ..errors import ComponentError, InputError
 from ..model import ExportedModel
-from ..protocols import ReusesPrefixes, SelectsRow
-from .chain import Chain
+from .cache_view import CacheView
 from .step_fields import StepFields
 
 #: Most positions fed to the model in one forward (see ``Feeding._forward``).
 PREFILL_CHUNK = 256
 
-
-if TYPE_CHECKING:
-    pass
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 class Feeding(StepFields):
@@ -33,13 +32,13 @@ class Feeding(StepFields):
 
     # -- the cache's view ------------------------------------------------------------
 
-    def _check_cache_signature(self, chain: Chain, model: ExportedModel) -> None:
+    def _check_cache_signature(self, kv: CacheView, name: str, model: ExportedModel) -> None:
         """A cache belongs to the graph it was made for: keys/values of another model
         (other layers, heads or sizes, or other weights' meaning) are never valid input."""
-        signature = getattr(chain.cache, "signature", None)
+        signature = kv.graph.signature if kv.graph is not None else None
         if signature is not None and signature != model.signature:
             raise InputError(
-                f"kv cache {chain.cache_name!r} was made for another model's graph and "
+                f"kv cache {name!r} was made for another model's graph and "
                 f"cannot be used with {model.path}: a KV cache holds one model's keys/values"
             )
 
@@ -47,9 +46,9 @@ class Feeding(StepFields):
         """Ask a cache that keeps keys/values across requests how much of each prompt it
         holds already (``reuse(prompts)``, at most all but the last token of each row)."""
         held = np.zeros(len(prompts), dtype=np.int64)
-        if not isinstance(self.chain.cache, ReusesPrefixes):
+        if self._kv.prefixes is None:
             return held
-        counts = self._cache_call("reuse", prompts)
+        counts = self._cache_call(self._kv.prefixes.reuse, prompts)
         if len(counts) != len(prompts) or any(
             not 0 <= int(c) < max(len(p), 1) for c, p in zip(counts, prompts, strict=True)
         ):
@@ -69,7 +68,7 @@ class Feeding(StepFields):
         starts = self.rows.pads + self.rows.reused
         fed = int(starts.min())
         if (starts != fed).any():
-            self._cache_call("crop", fed)
+            self._cache_call(self._kv.cache.crop, fed)
         return fed
 
     def _held_rows(self) -> list[list[int]]:
@@ -88,7 +87,8 @@ class Feeding(StepFields):
         positions per forward bounds that, and the cache makes the chunks add up to
         the same result as one forward.
         """
-        chunk = min(self.prefill_chunk, getattr(self.chain.cache, "max_feed", None) or 1 << 30)
+        limit = self._kv.feed_limit  # read here, not through _chunk(): once per step
+        chunk = min(self.prefill_chunk, (limit.max_feed if limit is not None else None) or 1 << 30)
         while True:
             start = self.fed
             end = min(self.length, start + chunk)
@@ -98,6 +98,11 @@ class Feeding(StepFields):
                 if start < self.prompt_length:  # a reused prefix is part of the prompt
                     self.rows.reused[:] = 0  # prefilled: from now on every row's cache is complete
                 return logits[:, -1, :]
+
+    def _chunk(self) -> int:
+        """Most positions to feed per forward: ``prefill_chunk``, or fewer when the cache
+        limits a forward (``LimitsFeed``)."""
+        return min(self.prefill_chunk, self._kv.max_feed() or 1 << 30)
 
     def _forward_chunk(self, start: int, end: int, keep: int = 1) -> np.ndarray:
         """Feed columns [start, end); logits of the last ``keep`` positions at least (a
@@ -118,7 +123,7 @@ class Feeding(StepFields):
         if not self.model.signature.shared_kv:
             return False
         several = self.batch_size > 1 and start > 0 and end - start > 1
-        if several and not isinstance(self.chain.cache, SelectsRow):  # packed: checked at start
+        if several and self._kv.selects is None:  # packed: checked at start
             raise InputError(
                 f"kv cache {self.chain.cache_name!r} cannot feed a batch row by row, which "
                 f"this graph ({self.model.path}) needs for {end - start} tokens per row on top "
@@ -153,7 +158,7 @@ class Feeding(StepFields):
                 if last:
                     rows.append(logits[:, -1:].copy())
         finally:
-            self._cache_call("select", None)
+            self._select(None)
         if not last:
             return np.empty((self.batch_size, 1, 0), dtype=np.float32)
         return np.concatenate(rows, axis=0)
@@ -163,7 +168,7 @@ class Feeding(StepFields):
         caller selects all rows again when done), and the row is seen without its left
         padding, as the request alone (the mask is its real length so far, the
         positions count from its first real token)."""
-        self._cache_call("select", row)
+        self._select(row)
         pad = int(self.rows.pads[row])
         mask = np.ones((1, end - pad), dtype=np.int64)
         positions = None
@@ -179,10 +184,13 @@ class Feeding(StepFields):
         The present buffers are asked for first: a cache that must grow to hold the
         forward's positions does so there, and then feeds its grown buffers as the past.
         """
-        if self._cache_feeds_mask:  # the cache holds a subset: it says what the graph sees
-            mask = self._cache_call("feed_mask", mask, input_ids.shape[1])
-        presents = self._cache_call("outputs", mask.shape[1]) if self._cache_outputs else None
-        past = self._cache_call("inputs")
+        kv = self._kv
+        if kv.masks is not None:  # the cache holds a subset: it says what the graph sees
+            mask = self._cache_call(kv.masks.feed_mask, mask, input_ids.shape[1])
+        presents = None
+        if kv.presents is not None:
+            presents = self._cache_call(kv.presents.outputs, mask.shape[1])
+        past = self._cache_call(kv.cache.inputs)
         try:
             logits, presents = self._binding.forward(
                 input_ids, mask, positions, past, presents, keep=keep
@@ -192,14 +200,26 @@ class Feeding(StepFields):
                 f"model forward failed at step {self.steps} with kv cache "
                 f"{self.chain.cache_name!r}: {type(exc).__name__}: {exc}"
             ) from exc
-        self._cache_call("update", presents)
+        self._cache_call(kv.cache.update, presents)
         return logits
 
-    def _cache_call(self, method: str, *args):
+    def _select(self, row: int | None) -> None:
+        """``select(row)`` on a cache that feeds rows one by one (``SelectsRow``)."""
+        if self._kv.selects is None:
+            raise InputError(
+                f"kv cache {self.chain.cache_name!r} cannot feed one row of a batch alone "
+                "(it has no select(), the SelectsRow capability)"
+            )
+        self._cache_call(self._kv.selects.select, row)
+
+    def _cache_call(self, method: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        """``method(*args)``, a bound method of the cache (typed by the protocol that
+        declares it); what it raises becomes a ComponentError naming the cache, the
+        method and the step."""
         try:
-            return getattr(self.chain.cache, method)(*args)
+            return method(*args, **kwargs)
         except Exception as exc:
             raise ComponentError(
-                f"kv cache {self.chain.cache_name!r} failed in {method}() at step {self.steps}: "
-                f"{type(exc).__name__}: {exc}"
+                f"kv cache {self.chain.cache_name!r} failed in {method.__name__}() at step "
+                f"{self.steps}: {type(exc).__name__}: {exc}"
             ) from exc

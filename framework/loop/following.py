@@ -15,9 +15,9 @@ all: its tokens are fed together with the next sampled token, in one forward.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -26,8 +26,8 @@ from ..errors import ComponentError
 from .chain import Chain
 from .step_fields import StepFields
 
-if TYPE_CHECKING:
-    pass
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 class Following(StepFields):
@@ -62,31 +62,27 @@ class Following(StepFields):
                 rows = list(range(self.batch_size)) if group is None else group.tolist()
                 yield group, rows, chain
 
-    def _tell(self, method: str, name: str, component: Any, *args: Any) -> Any:
+    def _tell(self, name: str, method: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        """``method(*args)``, a bound method of component ``name`` (typed by the protocol
+        that declares it); what it raises becomes a ComponentError naming the component,
+        the method and the step."""
         try:
-            return getattr(component, method)(*args)
+            return method(*args, **kwargs)
         except ComponentError:
             raise
         except Exception as exc:
             raise ComponentError(
-                f"component {name!r} failed in {method}() at step {self.steps}: "
+                f"component {name!r} failed in {method.__name__}() at step {self.steps}: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
 
-    def _tell_group(
-        self,
-        group: np.ndarray | None,
-        components: list[tuple[str, Any]],
-        method: str,
-        failed: list,
-        *args: Any,
-    ) -> None:
-        """``method(*args)`` on each of a group's ``components``; an error fails the group."""
-        self._isolated(group, failed, partial(self._tell_each, components, method, *args))
+    def _advance_group(self, chain: Chain, told: Sequence[Sequence[int]]) -> None:
+        for name, component in chain.followers:
+            self._tell(name, component.advance, told)
 
-    def _tell_each(self, components: list[tuple[str, Any]], method: str, *args: Any) -> None:
-        for name, component in components:
-            self._tell(method, name, component, *args)
+    def _prepare_group(self, chain: Chain) -> None:
+        for name, component in chain.preparers:
+            self._tell(name, component.prepare)
 
     # -- what happened --------------------------------------------------------------
 
@@ -98,7 +94,7 @@ class Following(StepFields):
         for group, rows, chain in self._group_rows():
             if any(tokens[row] for row in rows):
                 told = [tokens[r] for r in rows]
-                self._tell_group(group, chain.followers, "advance", errors, told)
+                self._isolated(group, errors, partial(self._advance_group, chain, told))
         if failed is None and errors:
             raise errors[0]
 
@@ -120,7 +116,7 @@ class Following(StepFields):
             counts.append(max(0, end - start) - max(0, min(end, new_length) - start))
         for _, rows, chain in self._group_rows():
             for name, component in chain.followers:
-                self._tell("rewind", name, component, [counts[row] for row in rows])
+                self._tell(name, component.rewind, [counts[row] for row in rows])
 
     def _reorder_followers(self, parents: np.ndarray) -> None:
         """Rows became copies of ``parents`` (a search strategy's beams); the per-row
@@ -135,7 +131,7 @@ class Following(StepFields):
                     "follow tokens cannot follow them there"
                 )
             for name, component in chain.followers:
-                self._tell("reorder", name, component, parents)
+                self._tell(name, component.reorder, parents)
 
     # -- forced tokens ----------------------------------------------------------------
 
@@ -156,7 +152,7 @@ class Following(StepFields):
             if row not in wanted:
                 continue
             for name, forcer in chain.forcers:
-                tokens = self._tell("forced_tokens", name, forcer, index)
+                tokens = self._tell(name, forcer.forced_tokens, index)
                 if len(tokens):
                     self.rows.forced[row] = [int(t) for t in tokens]
                     break
@@ -245,9 +241,9 @@ class Following(StepFields):
             raise failed[0]
 
     def _prepare_next(self, failed: list) -> None:
-        """Let followers with ``prepare()`` start their work for the next step now, so it
-        runs beside the forward (onnxruntime releases the GIL): only when the next step
-        runs a forward, since a forced step without one needs no mask."""
+        """Let followers with ``prepare()`` (``PreparesAhead``) start their work for the next
+        step now, so it runs beside the forward (onnxruntime releases the GIL): only when
+        the next step runs a forward, since a forced step without one needs no mask."""
         if not self._preparing or self.is_done:
             return
         forced = self._forced_column()
@@ -255,4 +251,4 @@ class Following(StepFields):
             return
         for group, _, chain in self._group_rows():
             if chain.preparers:
-                self._tell_group(group, chain.preparers, "prepare", failed)
+                self._isolated(group, failed, partial(self._prepare_group, chain))

@@ -27,10 +27,10 @@ from ..candidates import Candidates
 from ..errors import ComponentError, InputError
 from ..exclusive import Exclusive
 from ..model import ExportedModel
-from ..protocols import FeedsMask, OwnsPresents, ReusesPrefixes, SelectsRow
 from ..text import RowText, Tokenizer
 from . import scoring
 from .admission import Admission
+from .cache_view import CacheView
 from .chain import Chain
 from .continuing import Continuing
 from .feeding import PREFILL_CHUNK, Feeding
@@ -75,7 +75,7 @@ class Generation(Feeding, Following, Picking, Speculating, Continuing, Admission
             self.fed = self._first_unfed()
         #: real prompt tokens fed by the prefill (reused ones excluded)
         self.prefill_tokens = int((self.prompt_length - starts).sum())
-        if self._packed_prefill and not isinstance(chain.cache, SelectsRow):
+        if self._packed_prefill and self._kv.selects is None:
             raise InputError(
                 f"kv cache {chain.cache_name!r} cannot hold prompts of different lengths for "
                 f"this graph ({model.path}: each row's keys/values start at position 0); "
@@ -114,9 +114,9 @@ class Generation(Feeding, Following, Picking, Speculating, Continuing, Admission
         self.prefill_chunk = PREFILL_CHUNK
         self._solo: set[int] = set()  # ids of chains that see their one row without padding
         self._open = False  # rows join and leave (``admission.py``): the server's batch
-        self._check_cache_signature(chain, model)
-        self._cache_outputs = isinstance(chain.cache, OwnsPresents)
-        self._cache_feeds_mask = isinstance(chain.cache, FeedsMask)  # a window, a sink
+        #: the cache every row shares, with its optional capabilities found once
+        self._kv = CacheView.of(chain.cache, chain.cache_name)
+        self._check_cache_signature(self._kv, chain.cache_name, model)
 
     # -- what a caller reads -----------------------------------------------------------
 
@@ -271,8 +271,8 @@ class Generation(Feeding, Following, Picking, Speculating, Continuing, Admission
         """After a step's tokens: work for the next step started, prefixes remembered
         when the request ends, and (outside an open batch) a component's error raised."""
         self._prepare_next(failed)
-        if self.is_done and isinstance(self.chain.cache, ReusesPrefixes):
-            self._cache_call("remember", self._held_rows())
+        if self.is_done and self._kv.prefixes is not None:
+            self._cache_call(self._kv.prefixes.remember, self._held_rows())
         if failed and not self._open:
             raise failed[0]
 
@@ -309,7 +309,7 @@ class Generation(Feeding, Following, Picking, Speculating, Continuing, Admission
         if (parents == np.arange(self.batch_size)).all():
             return
         self.rows.take(parents)
-        self._cache_call("reorder", parents)
+        self._cache_call(self._kv.cache.reorder, parents)
         self._reorder_followers(parents)
 
     def finish(self, row: int, reason: str) -> None:

@@ -91,9 +91,7 @@ class Picking(StepFields):
     ) -> tuple[np.ndarray, np.ndarray | Candidates]:
         """(next ids, processed scores: dense, or Candidates when the chain left few).
         Rows with a ``forced`` token (>= 0) see a point mass on it."""
-        scores = scoring.process(
-            chain.processors, input_ids, logits, step=self.steps, call=self._call
-        )
+        scores = scoring.process(chain.scored, input_ids, logits, step=self.steps, call=self._call)
         # raw model logits go straight to the sampler, which checks; Candidates cannot
         # be NaN everywhere (the scores outside them are -inf)
         if chain.processors and not isinstance(scores, Candidates):
@@ -108,22 +106,20 @@ class Picking(StepFields):
         self, chain: Chain, input_ids: np.ndarray, scores: np.ndarray | Candidates
     ) -> np.ndarray:
         """The chain's sampler on processed scores, its answer checked."""
-        next_ids = scoring.pick(chain.sampler, input_ids, scores, call=self._call)
+        next_ids = scoring.pick(
+            chain.sampler, chain.sparse_sampler, input_ids, scores, call=self._call
+        )
         batch, vocab = scores.shape
         return check_ids(chain.sampler[0], next_ids, batch, vocab, self.steps)
 
     def _stop(self, scores: np.ndarray | Candidates, failed: list[ComponentError]) -> None:
         """Each settings group's stopping criteria. Scores that were left as Candidates
-        are made dense only when a criterion reads them (``uses_scores``, default
-        True); the others get None."""
+        are made dense only when a criterion reads them (``Chain.stop_reads_scores``:
+        one without ``uses_scores = False``); the others get None."""
         input_ids = self.sequences
         dense: np.ndarray | None
         if isinstance(scores, Candidates):
-            read = any(
-                getattr(criterion, "uses_scores", True)
-                for _, chain in self._groups
-                for _, criterion in chain.stopping
-            )
+            read = any(chain.stop_reads_scores for _, chain in self._groups)
             dense = scores.dense() if read else None
         else:
             dense = scores
@@ -140,13 +136,12 @@ class Picking(StepFields):
         self, rows: np.ndarray | None, chain: Chain, ids: np.ndarray, scores: np.ndarray
     ) -> None:
         """Run one settings group's stopping criteria and finish the rows they end."""
-        for name, criterion in chain.stopping:
+        for name, criterion, reason in chain.criteria:
             done = self._call("stopping criterion", name, criterion, ids, scores)
             done = check_stop(name, done, ids.shape[0], self.steps)
             newly = done.nonzero()[0]  # done is 1-D (check_stop)
             if rows is not None:
                 newly = rows[newly]
-            reason = getattr(criterion, "finish_reason", name)
             for row in newly.tolist():
                 self.finish(row, reason)
 

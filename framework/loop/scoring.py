@@ -1,7 +1,8 @@
 """One step's scores through a chain: the logits processors, then the sampler.
 
 Scores travel dense, (B, V) float32, between components, until one of them leaves
-few candidates (top-k over a large vocabulary): its ``sparse`` method returns
+few candidates (top-k over a large vocabulary): its ``sparse`` method
+(``WorksOnCandidates``, found once per request by :func:`resolve`) returns
 :class:`~ortgen.Candidates`, and from there every component with a ``sparse``
 method works on those few scores (top-p after top-k(50) is a top-p over 50 scores;
 the sampler draws among them). They are made dense only for a component without
@@ -18,7 +19,12 @@ from typing import Any
 import numpy as np
 
 from ..candidates import Candidates
+from ..protocols import LogitsProcessor, WorksOnCandidates
 from .component_checks import check_candidates, check_scores
+
+#: a processor as ``process`` calls it: (name, processor, the same object when it works
+#: on candidates, else None)
+Scored = tuple[str, LogitsProcessor, WorksOnCandidates | None]
 
 #: ``call(kind, name, function, input_ids, scores)``: runs one component's function
 #: (the loop's own wraps an unexpected exception in a ComponentError naming it)
@@ -29,8 +35,21 @@ def _plain_call(kind: str, name: str, function: Any, input_ids: np.ndarray, scor
     return function(input_ids, scores)
 
 
+def resolve(processors: Sequence[tuple[str, LogitsProcessor]]) -> list[Scored]:
+    """Each processor with its ``sparse`` capability found (once per request, not per step)."""
+    return [(name, p, works_on_candidates(p)) for name, p in processors]
+
+
+def works_on_candidates(component: object) -> WorksOnCandidates | None:
+    """``component`` when it has the ``WorksOnCandidates`` capability, else None. A class
+    may opt out of one it inherits with ``sparse = None``."""
+    if isinstance(component, WorksOnCandidates) and component.sparse is not None:
+        return component
+    return None
+
+
 def process(
-    processors: Sequence[tuple[str, Any]],
+    processors: Sequence[Scored],
     input_ids: np.ndarray,
     scores: np.ndarray,
     *,
@@ -40,10 +59,9 @@ def process(
     """The processed scores: dense, or Candidates when the chain left few."""
     shape = scores.shape
     held: np.ndarray | Candidates = scores
-    for name, processor in processors:
-        sparse = getattr(processor, "sparse", None)
+    for name, processor, sparse in processors:
         if sparse is not None:
-            out = call("logits processor", name, sparse, input_ids, held)
+            out = call("logits processor", name, sparse.sparse, input_ids, held)
             if out is not None:
                 check_candidates(name, out, shape, step)
                 held = out
@@ -57,18 +75,18 @@ def process(
 
 def pick(
     sampler: tuple[str, Any],
+    sparse: WorksOnCandidates | None,
     input_ids: np.ndarray,
     scores: np.ndarray | Candidates,
     *,
     call: Call = _plain_call,
 ) -> Any:
-    """The sampler's answer on processed scores, through its ``sparse`` method on
-    Candidates when it has one."""
+    """The sampler's answer on processed scores, through ``sparse`` (the sampler, when it
+    works on candidates) on Candidates."""
     name, function = sampler
     if isinstance(scores, Candidates):
-        sparse = getattr(function, "sparse", None)
         if sparse is not None:
-            return call("sampler", name, sparse, input_ids, scores)
+            return call("sampler", name, sparse.sparse, input_ids, scores)
         scores = scores.dense()
     return call("sampler", name, function, input_ids, scores)
 

@@ -159,14 +159,13 @@ class Speculating(StepFields):
                 break  # forced tokens next: the plain step takes them
             kept += 1
         self.draft_kept += kept
-        drafter = self._row_drafter()
-        accepted = getattr(drafter[1], "accepted", None) if drafter is not None else None
-        if accepted is not None:
-            accepted(count, kept)
+        chain = self.rows.chains[0]  # the one row (``_row_drafter``)
+        if chain.draft_feedback is not None and chain.drafter is not None:
+            self._tell(chain.drafter[0], chain.draft_feedback.accepted, count, kept)
         self.rows.mask[:, self.length :] = 0  # the drafts past what was kept
         if self.fed > self.length - 1:  # forget their keys/values: the newest is unfed
             self.fed = self.length - 1
-            self._cache_call("crop", self.fed)
+            self._cache_call(self._kv.cache.crop, self.fed)
         self._finish_step(failed)
         return next_ids
 

@@ -9,8 +9,8 @@ what state a part may touch: the step object's whole state is this list.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -19,11 +19,15 @@ if TYPE_CHECKING:
     from ..exclusive import Exclusive
     from ..model import ExportedModel, ForwardBinding
     from ..text import Tokenizer
+    from .cache_view import CacheView
     from .chain import Chain
     from .rows import RowState
     from .step_record import StepRecord
 
     Scores = np.ndarray | Candidates
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 class StepFields:
@@ -49,8 +53,7 @@ class StepFields:
     _open: bool
     _binding: ForwardBinding
     _driver: Exclusive
-    _cache_outputs: bool
-    _cache_feeds_mask: bool
+    _kv: CacheView  #: the cache's optional capabilities, found once (``cache_view.py``)
     _packed_prefill: bool
     _prefilled: dict[Any, tuple[np.ndarray, int]]
     _following: bool
@@ -91,9 +94,25 @@ class StepFields:
         def _pick(
             self, input_ids: np.ndarray, logits: np.ndarray, forced: Any, failed: list
         ) -> tuple[np.ndarray, Any]: ...
-        def _cache_call(self, method: str, *args: Any) -> Any: ...
+        def _cache_call(
+            self, method: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs
+        ) -> _R: ...
+        def _setup(
+            self,
+            model: ExportedModel,
+            chain: Chain,
+            pad_token_id: int,
+            tokenizer: Tokenizer | None,
+            chains: Sequence[Chain],
+        ) -> None: ...
+        def _init_following(self) -> None: ...
+        def _init_speculation(self) -> None: ...
+        def _select(self, row: int | None) -> None: ...
+        def _chunk(self) -> int: ...
         def _note_components(self) -> None: ...
-        def _tell(self, method: str, name: str, component: Any, *args: Any) -> Any: ...
+        def _tell(
+            self, name: str, method: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs
+        ) -> _R: ...
         def _advance(self, tokens: list[list[int]], failed: list | None = None) -> None: ...
         def _rewind_followers(self, new_length: int) -> None: ...
         def _refresh_forced(self, rows: Any, failed: list) -> None: ...
