@@ -77,6 +77,7 @@ if TYPE_CHECKING:
     from .chain_specs import logits_processors
     from .draft_models import load_draft_model
     from .loop.generate import Generation
+    from .loop.step_report import Admitted, StepReport
     from .outputs import GenerationOutput, StreamPiece
     from .text.stop_strings import StopStringMatcher
 
@@ -87,6 +88,8 @@ _LAZY = {
     "TextGenerator": "api",
     "load": "api",
     "Generation": "loop.generate",
+    "StepReport": "loop.step_report",
+    "Admitted": "loop.step_report",
     "logits_processors": "chain_specs",
     "load_draft_model": "draft_models",
     "StopStringMatcher": "text.stop_strings",
@@ -125,6 +128,7 @@ def stream(prompt: Any, **settings: Any) -> Iterator[str]:
 
 __all__ = [
     "AdaptsDrafts",
+    "Admitted",
     "BeamsPerPrompt",
     "BelongsToGraph",
     "Candidates",
@@ -171,6 +175,7 @@ __all__ = [
     "SearchStrategy",
     "SelectsRow",
     "ShiftsColumns",
+    "StepReport",
     "StopStringMatcher",
     "StoppingCriterion",
     "StoppingCriterionFactory",

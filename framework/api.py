@@ -188,9 +188,8 @@ class TextGenerator:
             raise InputError("stream_pieces() takes one prompt, one sequence and no beams")
         state = self._start(rows, configs, seeds)
         while not state.is_done:
-            start = state.row_end(0)
-            state.step()  # a speculative step may keep several tokens
-            yield from StreamPiece.since(state, 0, start)
+            report = state.step()  # a speculative step may keep several tokens
+            yield from StreamPiece.since(state, 0, int(report.starts[0]))
 
     def next_turn(self, state: Generation | None, prompt: list[int], **settings: Any) -> Generation:
         """A one-row request for ``prompt`` that reuses ``state``'s KV cache when it can.

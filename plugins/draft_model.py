@@ -68,7 +68,7 @@ class DraftModelDrafter:
         for _ in range(count):
             if state.is_done:  # its length: no more drafts
                 break
-            drafts.append(int(state.step()[0]))
+            drafts.append(int(state.step().ids[0]))
         self._held = np.concatenate([tokens, np.asarray(drafts, dtype=np.int64)])
         return drafts
 

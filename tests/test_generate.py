@@ -103,12 +103,12 @@ def test_step_object_rewind_and_append(models):
     _, gen = models
     reference = gen.generate(PROMPTS[0], max_new_tokens=6, eos_token_id=None).tokens[0]
     state = gen.start(PROMPTS[0], max_new_tokens=6, eos_token_id=None)
-    first = [int(state.step()[0]) for _ in range(4)]
+    first = [int(state.step().ids[0]) for _ in range(4)]
     state.rewind(2)
-    again = [int(state.step()[0]) for _ in range(2)]
+    again = [int(state.step().ids[0]) for _ in range(2)]
     assert first == reference[:4] and again == reference[2:4]
     state.append([[3, 4]])
-    nxt = int(state.step()[0])
+    nxt = int(state.step().ids[0])
     full = gen.generate(PROMPTS[0] + reference[:4] + [3, 4], max_new_tokens=1, eos_token_id=None)
     assert nxt == full.tokens[0][0]
 

@@ -313,7 +313,7 @@ def test_a_held_prefill_follows_its_row_when_rows_move(fused_chat) -> None:
         chain = dataclasses.replace(
             chain, cache=batch.chain.cache, cache_name=batch.chain.cache_name
         )
-        assert batch.admit(prompt, chain) == len(live) and batch.errors[-1] is None
+        assert batch.admit(prompt, chain).row == len(live) and batch.errors[-1] is None
         live.append((f"{name} again" if name in admitted else name, prompt, settings))
         admitted.append(name)
 

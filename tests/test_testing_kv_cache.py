@@ -215,7 +215,7 @@ def test_static_keeps_the_selected_row_when_it_grows(fused_model_dirs) -> None:
     while not state.is_done:
         state.step()
     state.append([[4, 6, 10, 12]] * 2)
-    picked = state.step()
+    picked = state.step().ids
     for row, prompt in enumerate(prompts):
         alone = gen.generate([[*prompt, *state.generated(row)[:3], 4, 6, 10, 12]],
                              max_new_tokens=1, do_sample=False)  # fmt: skip

@@ -6,7 +6,8 @@
 seen goes to the model), ``picking`` (processors, sampler and stopping criteria per
 settings group, errors isolated per row), ``following`` (stateful components and the
 tokens they force), ``continuing`` (fork, teacher forcing, append, rewind),
-``admission`` (rows joining and leaving an open batch), ``step_record`` (logprobs and
+``admission`` (rows joining and leaving an open batch), ``step_report`` (what a step
+or an admission did, per row, for the caller), ``step_record`` (logprobs and
 scores kept per row), ``scoring`` and ``component_checks`` (calling components and
 checking their answers), ``chain`` (a request's components as plain callables).
 

@@ -36,6 +36,7 @@ from .chain import Chain
 from .rows import RowState, one_row
 from .step_fields import StepFields
 from .step_record import StepRecord
+from .step_report import Admitted
 
 #: columns an open batch starts with (grown by doubling as rows need)
 _START_COLUMNS = 64
@@ -84,11 +85,14 @@ class Admission(StepFields):
         state._init_speculation()
         return state
 
-    def admit(self, prompt: Sequence[int], chain: Chain) -> int:
-        """Add a request as the last row (see module doc); returns its row. The row may
-        already be finished (EOS, a one-token limit) or failed (``errors[row]``)."""
+    def admit(self, prompt: Sequence[int], chain: Chain) -> Admitted:
+        """Add a request as the last row (see module doc); returns what that did
+        (``Admitted``: its row, which may already be finished by EOS or a one-token
+        limit, or failed: ``errors[row]``; the prefill it shared or reused)."""
         with self._driver.hold("admit"):
-            return self._admit(list(prompt), chain)
+            shared, reused = self.shared_prefills, self.reused_tokens
+            row = self._admit(list(prompt), chain)
+            return Admitted(row, self.shared_prefills > shared, self.reused_tokens - reused)
 
     def _admit(self, prompt: list[int], chain: Chain) -> int:
         if not self._open:

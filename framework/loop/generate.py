@@ -39,6 +39,7 @@ from .picking import Picking
 from .rows import RowState
 from .speculating import Speculating
 from .step_record import StepRecord
+from .step_report import StepReport, StepStart
 
 
 class Generation(Feeding, Following, Picking, Speculating, Continuing, Admission):
@@ -194,10 +195,14 @@ class Generation(Feeding, Following, Picking, Speculating, Continuing, Admission
 
     # -- one step ------------------------------------------------------------------------
 
-    def step(self) -> np.ndarray:
-        """Pick one token per row; returns them (pad for rows already finished)."""
+    def step(self) -> StepReport:
+        """Pick one token per row (a speculative step may keep several); returns what the
+        step did per row (``StepReport``: the tokens as appended, each row's new columns,
+        the rows that ended, drafts proposed and kept)."""
         with self._driver.hold("step"):
-            return self._step()
+            before = StepStart.of(self)
+            ids = self._step()
+            return StepReport.between(before, self, ids)
 
     def _step(self) -> np.ndarray:
         if self.is_done:

@@ -29,6 +29,7 @@ from ..config import GenerationConfig
 from ..errors import InputError
 from ..loop.chain import Chain
 from ..loop.generate import Generation
+from ..loop.step_report import StepReport
 from ..outputs import StreamPiece
 from ..request import start_row
 
@@ -302,10 +303,8 @@ class Engine:
             self.stats.batch_size = len(rows)
             self.stats.peak_batch_size = max(self.stats.peak_batch_size, len(rows))
             started = time.perf_counter()
-            starts = [batch.row_end(row) for row in range(len(rows))]
-            drafts = batch.drafted, batch.draft_kept
             try:
-                batch.step()
+                report = batch.step()
             except Exception as exc:  # the model itself failed: every row ends
                 for handle in rows:
                     self._fail(handle, exc)
@@ -319,10 +318,10 @@ class Engine:
                 if error is not None:  # its own component raised: only this row ends
                     self._fail(handle, error)
                     continue
-                made.append((handle, StreamPiece.since(batch, row, starts[row])))
+                made.append((handle, StreamPiece.since(batch, row, int(report.starts[row]))))
             # counted before any client hears of them: /metrics never lags an answer
             self._rate(sum(len(pieces) for _, pieces in made), seconds)
-            self._count_drafts(batch, drafts)
+            self._count_drafts(report)
             for handle, pieces in made:
                 for piece in pieces:
                     self._deliver(handle, piece)
@@ -339,10 +338,10 @@ class Engine:
             chain = dataclasses.replace(
                 handle.chain, cache=batch.chain.cache, cache_name=batch.chain.cache_name
             )
-            before = batch.shared_prefills, batch.reused_tokens
-            row = batch.admit(handle.prompt, chain)
-            self.stats.shared_prefills += batch.shared_prefills - before[0]
-            self.stats.reused_prompt_tokens += batch.reused_tokens - before[1]
+            admitted = batch.admit(handle.prompt, chain)
+            self.stats.shared_prefills += admitted.shared_prefill
+            self.stats.reused_prompt_tokens += admitted.reused_tokens
+            row = admitted.row
         except Exception as exc:  # its settings, the cache or the model failed
             self._fail(handle, exc)
             return
@@ -391,10 +390,10 @@ class Engine:
             )
         return self._batch
 
-    def _count_drafts(self, state: Generation, before: tuple[int, int]) -> None:
+    def _count_drafts(self, report: StepReport) -> None:
         """Speculative decoding's totals for ``/metrics``: drafts proposed and kept."""
-        self.stats.drafted_tokens += state.drafted - before[0]
-        self.stats.accepted_drafts += state.draft_kept - before[1]
+        self.stats.drafted_tokens += report.drafted
+        self.stats.accepted_drafts += report.kept
 
     def _rate(self, tokens: int, seconds: float) -> None:
         """Decode tokens/s, smoothed over recent steps (a step may keep several tokens
@@ -428,12 +427,11 @@ class Engine:
                 if handle.cancelled.is_set():
                     self._finish(handle, "cancelled")
                     return
-                started, start = time.perf_counter(), state.row_end(0)
-                drafts = state.drafted, state.draft_kept
-                state.step()
-                pieces = StreamPiece.since(state, 0, start)
+                started = time.perf_counter()
+                report = state.step()
+                pieces = StreamPiece.since(state, 0, int(report.starts[0]))
                 self._rate(len(pieces), time.perf_counter() - started)
-                self._count_drafts(state, drafts)
+                self._count_drafts(report)
                 for piece in pieces:
                     self._deliver(handle, piece)
             if handle.outcome is None:  # its last piece counted it already
