@@ -16,7 +16,6 @@ import numpy as np
 import pluggy
 
 from . import config as config_mod
-from . import prompts as prompts_mod
 from .chain_specs import build_chain
 from .config.pipeline import Pipeline, load_pipeline
 from .errors import ComponentError, ConfigError, InputError
@@ -25,16 +24,12 @@ from .loop.generate import Generation
 from .model import ExportedModel
 from .outputs import GenerationOutput, StreamPiece, output_of, with_calls
 from .plugin_manager import build_registry, make_plugin_manager
-from .prompts import PromptEncoder
+from .prompts import Prompt, PromptEncoder, Prompts
 from .protocols import GenerationContext, LiftsContext
 from .registry import Registry
 from .request import build_chat, row_settings, start_generation
 from .request import max_length as context_max_length
 from .text import Tokenizer, load_tokenizer
-
-Prompt = prompts_mod.Prompt
-Prompts = prompts_mod.Prompts
-
 
 #: A pipeline layer: a pipeline file's path, a mapping of settings, or None.
 PipelineArg = str | Path | Mapping[str, Any] | None

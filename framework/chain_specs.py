@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from . import structured_settings
 from .config import GenerationConfig
 from .errors import ConfigError
 from .loop import scoring
@@ -23,6 +22,7 @@ from .protocols import (
     LogitsProcessor,
 )
 from .registry import Registry
+from .structured_settings import constraint as structured_constraint
 
 
 def processor_specs(config: GenerationConfig, ctx: GenerationContext | None = None) -> list[Spec]:
@@ -97,7 +97,7 @@ def processor_specs(config: GenerationConfig, ctx: GenerationContext | None = No
         }
         specs.append(("begin_suppress_tokens", begin))
     specs.extend(_explicit(c.logits_processors))
-    structured = structured_settings.constraint(c)
+    structured = structured_constraint(c)
     if structured is not None:  # after every token rule, before the warpers
         key, value = structured
         params = {key: list(value) if key == "choice" else value, "fast_forward": c.fast_forward}
@@ -193,7 +193,7 @@ def _processor_field(spec: Spec, config: GenerationConfig, explicit: bool) -> st
     if explicit:
         return "logits_processors"
     if name == "grammar":
-        found = structured_settings.constraint(config)
+        found = structured_constraint(config)
         return found[0] if found else None
     name = _PROCESSOR_FIELDS.get(name, name)
     return name if hasattr(config, name) else None

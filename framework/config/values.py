@@ -13,8 +13,10 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .. import structured_settings
 from ..errors import Problem
+from ..structured_settings import CONSTRAINT_FIELDS
+from ..structured_settings import normalise as normalise_constraint
+from ..structured_settings import validate as validate_constraints
 from .fields import FIELDS
 
 if TYPE_CHECKING:
@@ -79,8 +81,8 @@ def normalise(key: str, value: Any) -> Any:
         return tuple(strings)
     if key in ("cache", "sampler", "drafter"):
         return component_spec(value)
-    if key in structured_settings.CONSTRAINT_FIELDS:
-        return structured_settings.normalise(key, value)
+    if key in CONSTRAINT_FIELDS:
+        return normalise_constraint(key, value)
     if key in ("logits_processors", "stopping_criteria"):
         specs = [value] if isinstance(value, str | Mapping) else value
         if not isinstance(specs, list | tuple):
@@ -340,5 +342,5 @@ def validate(config: GenerationConfig) -> list[Problem]:
     for key in ("pad_token_id", "bos_token_id", "forced_bos_token_id"):
         value = getattr(c, key)
         need(value is None or value >= 0, key, f"{key} must be >= 0, got {value}")
-    problems.extend(structured_settings.validate(c))
+    problems.extend(validate_constraints(c))
     return problems

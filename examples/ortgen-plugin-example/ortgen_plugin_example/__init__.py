@@ -27,7 +27,16 @@ from typing import Any
 
 import numpy as np
 
-from ortgen import ConfigError, GenerationContext, Register, hookimpl
+from ortgen import (
+    ConfigError,
+    DrafterFactory,
+    GenerationContext,
+    KVCacheFactory,
+    LogitsProcessorFactory,
+    Register,
+    StoppingCriterionFactory,
+    hookimpl,
+)
 
 from .cache import CappedStaticCache
 from .drafter import RepeatTokenDrafter
@@ -42,23 +51,23 @@ __all__ = [
 
 
 @hookimpl
-def register_logits_processors(register: Register) -> None:
+def register_logits_processors(register: Register[LogitsProcessorFactory]) -> None:
     register("ban_tokens", BanTokens)
     register("seen_token_penalty", SeenTokenPenalty)
 
 
 @hookimpl
-def register_stopping_criteria(register: Register) -> None:
+def register_stopping_criteria(register: Register[StoppingCriterionFactory]) -> None:
     register("stop_tokens", StopTokens)
 
 
 @hookimpl
-def register_drafters(register: Register) -> None:
+def register_drafters(register: Register[DrafterFactory]) -> None:
     register("repeat_token", RepeatTokenDrafter)
 
 
 @hookimpl
-def register_kv_caches(register: Register) -> None:
+def register_kv_caches(register: Register[KVCacheFactory]) -> None:
     register("capped_static", CappedStaticCache)
 
 
