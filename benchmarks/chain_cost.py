@@ -22,9 +22,9 @@ from sweep import write_report
 
 import ortgen
 from ortgen import scoring
-from ortgen.chain_specs import build_chain
 from ortgen.config import resolve
-from ortgen.plugin_manager import build_registry, make_plugin_manager
+from ortgen.plugin_host.chains import build_chain
+from ortgen.plugin_host.manager import build_registry, make_plugin_manager
 from ortgen.testing import make_context
 
 SETTINGS = {

@@ -476,7 +476,7 @@ def runtime_nodes(folder: Path) -> dict[str, Any]:
     import onnx
     import onnxruntime as ort
 
-    from ortgen.model import session_options
+    from ortgen.model.session import session_options
 
     with tempfile.TemporaryDirectory() as tmp:
         options = session_options(1)

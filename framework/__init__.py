@@ -14,9 +14,7 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .candidates import Candidates, best_first
 from .config import GenerationConfig
-from .constraint_check import check_grammar, grammar_text
 from .errors import (
     ComponentError,
     ConfigError,
@@ -28,7 +26,7 @@ from .errors import (
     OutputError,
     PluginError,
 )
-from .hookspecs import (
+from .plugin_host.hookspecs import (
     DrafterFactory,
     KVCacheFactory,
     LogitsProcessorFactory,
@@ -70,27 +68,29 @@ from .protocols import (
     StoppingCriterion,
     WorksOnCandidates,
 )
+from .protocols.candidates import Candidates, best_first
+from .structured.check import check_grammar, grammar_text
 from .version import __version__
 
 if TYPE_CHECKING:
     from .api import TextGenerator, load
-    from .chain_specs import logits_processors
     from .draft_models import load_draft_model
     from .loop.generate import Generation
     from .loop.step_report import Admitted, StepReport
-    from .outputs import GenerationOutput, StreamPiece
+    from .plugin_host.chains import logits_processors
+    from .request.outputs import GenerationOutput, StreamPiece
     from .text.stop_strings import StopStringMatcher
 
 
 _LAZY = {
-    "GenerationOutput": "outputs",
-    "StreamPiece": "outputs",
+    "GenerationOutput": "request.outputs",
+    "StreamPiece": "request.outputs",
     "TextGenerator": "api",
     "load": "api",
     "Generation": "loop.generate",
     "StepReport": "loop.step_report",
     "Admitted": "loop.step_report",
-    "logits_processors": "chain_specs",
+    "logits_processors": "plugin_host.chains",
     "load_draft_model": "draft_models",
     "StopStringMatcher": "text.stop_strings",
 }

@@ -16,19 +16,19 @@ import numpy as np
 import pluggy
 
 from . import config as config_mod
-from .chain_specs import build_chain
 from .config.pipeline import Pipeline, load_pipeline
 from .errors import ComponentError, ConfigError, InputError
-from .locate import model_folder
 from .loop.generate import Generation
-from .model import ExportedModel
-from .outputs import GenerationOutput, StreamPiece, output_of, with_calls
-from .plugin_manager import build_registry, make_plugin_manager
-from .prompts import Prompt, PromptEncoder, Prompts
+from .model.locate import model_folder
+from .model.session import ExportedModel
+from .plugin_host.chains import build_chain
+from .plugin_host.manager import build_registry, make_plugin_manager
+from .plugin_host.registry import Registry
 from .protocols import GenerationContext, LiftsContext
-from .registry import Registry
 from .request import build_chat, row_settings, start_generation
 from .request import max_length as context_max_length
+from .request.outputs import GenerationOutput, StreamPiece, output_of, with_calls
+from .request.prompts import Prompt, PromptEncoder, Prompts
 from .text import Tokenizer, load_tokenizer
 
 #: A pipeline layer: a pipeline file's path, a mapping of settings, or None.
@@ -214,7 +214,7 @@ class TextGenerator:
         **settings: Any,
     ):
         """A conversation that keeps its KV cache between turns (see ``ChatSession``)."""
-        from .chat import ChatSession
+        from .request.sessions import ChatSession
 
         return ChatSession(self, messages, tools=tools, **settings)
 
@@ -227,7 +227,7 @@ class TextGenerator:
     ):
         """Several conversations answered together, each keeping its KV cache between
         turns (see ``ChatBatch``)."""
-        from .chat import ChatBatch
+        from .request.sessions import ChatBatch
 
         return ChatBatch(self, conversations, tools=tools, **settings)
 
@@ -248,7 +248,7 @@ class TextGenerator:
         ``tools`` (OpenAI's function tools), ``tool_choice`` (``"none"``, ``"auto"``,
         ``"required"`` or a named function) and ``parallel_tool_calls`` make the answer
         text or tool calls, constrained to the tools' schemas (``out.tool_calls``,
-        finish reason ``"tool_calls"``; see ``ortgen.tool_calls``). ``response_format``
+        finish reason ``"tool_calls"``; see ``ortgen.structured.tool_calls``). ``response_format``
         is OpenAI's (``json_object``, ``json_schema``, or a Pydantic model class): the
         answer follows it and ``out.parsed`` holds it. ``template_kwargs``
         (``continue_final_message``, ``enable_thinking``, ``documents``, ...) reach the
@@ -341,7 +341,7 @@ class TextGenerator:
     ) -> GenerationContext:
         """What a request's components are told (``GenerationContext``) for token ``rows``
         under a resolved ``config``: the facts of this model and request. The server
-        builds each row's components from it with ``ortgen.chain_specs.build_chain``."""
+        builds each row's components from it with ``ortgen.plugin_host.chains.build_chain``."""
         prompt_length = prompt_length or max(len(r) for r in rows)
         _check_padding_id(config, self.model.signature.vocab_size)
         return GenerationContext(
@@ -396,7 +396,7 @@ def load(
     :class:`~ortgen.config.pipeline.Pipeline`) becomes the pipeline layer of every call, and its
     ``[plugins] disable`` list is honoured. ``threads`` is onnxruntime's intra-op threads
     (default: the usable cores); between two parallel ops its idle workers spin
-    ``spin_us`` microseconds before they sleep (None: ``ortgen.model.DEFAULT_SPIN_US``,
+    ``spin_us`` microseconds before they sleep (None: ``ortgen.model.session.DEFAULT_SPIN_US``,
     10; 0: never spin), or, with
     ``spinning=True``, as long as onnxruntime's own policy says (fastest on an idle
     machine, half speed on a busy one)."""

@@ -24,7 +24,7 @@ from .errors import ComponentError, ConfigError, NoTokenLeft
 from .protocols import GenerationContext
 
 if TYPE_CHECKING:
-    from .model import GraphSignature
+    from .model.session import GraphSignature
 
 __all__ = ["as_float", "check_pickable", "eos_ids", "graph_signature", "is_int", "token_ids"]
 

@@ -156,7 +156,7 @@ def build_reference(default_model_dir: Path, options: Any, name: str) -> Path:
     from ortgen.gguf.build import build_folder
     from ortgen.gguf.default_model import DEFAULT_GGUF_SHA256, download_default_gguf
     from ortgen.gguf.options import variant_of
-    from ortgen.manifest import is_complete_model_folder, read_manifest
+    from ortgen.model.manifest import is_complete_model_folder, read_manifest
 
     out = default_model_dir.parent / ".reference" / name
     with _exclusive(out):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from ortgen.config import FIELDS, IGNORED_HF_FIELDS, UNSUPPORTED_HF_FIELDS
 from ortgen.config.values import BOOL_FIELDS, FLOAT_FIELDS, INT_FIELDS, TOKEN_LIST_FIELDS
-from ortgen.plugin_manager import build_registry, make_plugin_manager
+from ortgen.plugin_host.manager import build_registry, make_plugin_manager
 from ortgen.request import COMPONENT_KINDS
 
 REGISTRY = build_registry(make_plugin_manager())

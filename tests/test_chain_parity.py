@@ -20,8 +20,8 @@ from transformers.generation import logits_process as hf_lp
 
 import ortgen
 from ortgen import config as config_mod
-from ortgen.chain_specs import build_chain, processor_specs
-from ortgen.plugin_manager import build_registry, make_plugin_manager
+from ortgen.plugin_host.chains import build_chain, processor_specs
+from ortgen.plugin_host.manager import build_registry, make_plugin_manager
 from ortgen.testing import make_context
 from tests.tiny_models import PAD_ID
 

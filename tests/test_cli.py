@@ -254,7 +254,7 @@ def test_missing_model_folder(tmp_path: Path) -> None:
 def test_a_bug_exits_1_with_a_traceback() -> None:
     """An exception that is not an OrtgenError is a bug: not hidden behind status 2."""
     code = (
-        "import sys, ortgen.plugin_manager as plugin_manager\n"
+        "import sys, ortgen.plugin_host.manager as plugin_manager\n"
         "from ortgen.cli import main\n"
         "def broken(*args, **kwargs):\n"
         "    raise KeyError('a bug')\n"

@@ -53,7 +53,7 @@ def test_every_public_protocol_is_in_protocols_all() -> None:
         for name in ortgen.__all__
         if inspect.isclass(value := getattr(ortgen, name)) and getattr(value, "_is_protocol", False)
     }
-    exported -= {"Register"}  # the registration callback's type, in ortgen.hookspecs
+    exported -= {"Register"}  # the registration callback's type, in ortgen.plugin_host.hookspecs
     assert exported == {p.__name__ for p in _protocols()}
 
 

@@ -81,7 +81,7 @@ def test_the_default_variant_passes_the_quality_rule(default_gen, reference_gen)
     from ortgen.bench.quality import eval_ids, score_tokens
     from ortgen.gguf.default_model import DEFAULT_OPTIONS
     from ortgen.gguf.options import variant_of
-    from ortgen.manifest import read_manifest
+    from ortgen.model.manifest import read_manifest
 
     assert read_manifest(default_gen.path)["variant"] == variant_of(DEFAULT_OPTIONS)
     assert DEFAULT_OPTIONS.precision != "fp32"

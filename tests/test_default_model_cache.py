@@ -18,9 +18,9 @@ from ortgen.gguf.default_model import (
     download_default_gguf,
 )
 from ortgen.gguf.options import BUILD_FORMAT, variant_of
-from ortgen.installed import tool_versions
-from ortgen.manifest import MANIFEST_FORMAT, MANIFEST_NAME, is_complete_model_folder
-from ortgen.paths import DEFAULT_MODEL_NAME
+from ortgen.model.manifest import MANIFEST_FORMAT, MANIFEST_NAME, is_complete_model_folder
+from ortgen.model.paths import DEFAULT_MODEL_NAME
+from ortgen.plugin_host.installed import tool_versions
 
 
 def _fake_wheel(cache: Path, payload: bytes) -> Path:

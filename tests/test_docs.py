@@ -19,8 +19,8 @@ import pytest
 from ortgen import config as config_mod
 from ortgen import hookspecs
 from ortgen.cli import build_parser
-from ortgen.plugin_manager import build_registry, make_plugin_manager
-from ortgen.registry import KINDS
+from ortgen.plugin_host.manager import build_registry, make_plugin_manager
+from ortgen.plugin_host.registry import KINDS
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 

@@ -29,7 +29,7 @@ from ortgen.config import resolve
 from ortgen.config.pipeline import _OUTPUT_KEYS, _RUN_DEFAULTS, _TOP_LEVEL, Pipeline, load_pipeline
 from ortgen.errors import ConfigError, InputError
 from ortgen.jobs.rows import RowChecker, read_rows
-from ortgen.prompts import BATCH_WIDE_SETTINGS
+from ortgen.request.prompts import BATCH_WIDE_SETTINGS
 from tests.fuzz_settings import ANSWERED, REFUSED, answering, fuzz, outcome
 from tests.fuzz_values import (
     COMPONENT_KINDS,

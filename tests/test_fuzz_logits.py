@@ -25,7 +25,7 @@ from hypothesis.extra import numpy as hnp
 
 from ortgen import ComponentError, OrtgenError
 from ortgen.loop.scoring import dense, pick, process, resolve, works_on_candidates
-from ortgen.plugin_manager import build_registry, make_plugin_manager
+from ortgen.plugin_host.manager import build_registry, make_plugin_manager
 from ortgen.testing import make_context
 from tests.fuzz_settings import ANSWERED, REFUSED, answering, fuzz, outcome
 

@@ -228,7 +228,7 @@ def _split(tok: Any, text: str) -> list[str]:
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory: pytest.TempPathFactory) -> tuple[OrtgenTokenizer, Any]:
     from ortgen.gguf.default_model import download_default_gguf
-    from ortgen.paths import models_dir
+    from ortgen.model.paths import models_dir
 
     path = download_default_gguf(models_dir() / ".cache", progress=lambda _msg: None)
     reader = gguf.GGUFReader(path)

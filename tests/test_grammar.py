@@ -192,7 +192,7 @@ def test_bad_constraints_are_named_before_any_forward(gen, monkeypatch) -> None:
     def no_forward(*args, **kwargs):
         raise AssertionError("a forward ran")
 
-    monkeypatch.setattr("ortgen.model.ForwardBinding.forward", no_forward)
+    monkeypatch.setattr("ortgen.model.session.ForwardBinding.forward", no_forward)
     cases = [
         (
             {"json_schema": {"type": "object", "unevaluatedProperties": False}},

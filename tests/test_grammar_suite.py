@@ -57,7 +57,7 @@ def _matcher(tokenizer, schema):
     it is refused (as ``generate(json_schema=...)`` would refuse it)."""
     import llguidance
 
-    from ortgen.structured_settings import normalise
+    from ortgen.structured.settings import normalise
 
     try:
         grammar = grammar_text("json_schema", normalise("json_schema", schema))

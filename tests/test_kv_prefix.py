@@ -104,7 +104,7 @@ def test_a_store_is_per_model(tiny_model_dirs, fused_model_dirs) -> None:
 
 
 def test_a_cache_of_another_model_is_refused(tiny_model_dirs, fused_model_dirs) -> None:
-    from ortgen.chain_specs import build_chain
+    from ortgen.plugin_host.chains import build_chain
 
     llama = ortgen.load(tiny_model_dirs["llama"][1], threads=1)
     fused = ortgen.load(fused_model_dirs["llama"][1], threads=1)

@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 
 import ortgen
-from ortgen.model import GraphSignature
+from ortgen.model.session import GraphSignature
 from ortgen.plugins.kv_quantized import QuantizedCache
 from ortgen.testing import NEAR_TIE, agreement, make_context, reference_greedy
 

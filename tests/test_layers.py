@@ -56,3 +56,31 @@ def test_the_import_contract_is_kept() -> None:
     result = subprocess.run(command, capture_output=True, text=True, cwd=FRAMEWORK.parent)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "0 broken" in result.stdout
+
+
+#: the root of framework/: the facade (``ortgen``, ``load``/``TextGenerator``, the
+#: plugin author's public modules ``errors``, ``checks`` and ``load_draft_model``) and
+#: the version; everything else lives in a package that says what layer it is
+FACADE = {"__init__.py", "api.py", "errors.py", "checks.py", "draft_models.py", "version.py"}
+
+
+def test_the_root_holds_only_the_facade_and_the_packages() -> None:
+    modules = {path.name for path in FRAMEWORK.glob("*.py")}
+    assert modules == FACADE, "put new modules in the package of their layer"
+
+
+def test_every_package_is_in_an_import_contract() -> None:
+    """Each of ortgen's packages and root modules is named (itself or a module in it) by a
+    contract in pyproject.toml, so no part of the code is outside every rule."""
+    import tomllib
+
+    config = tomllib.loads((FRAMEWORK.parent / "pyproject.toml").read_text())["tool"]
+    named: set[str] = set()
+    for contract in config["importlinter"]["contracts"]:
+        for key in ("layers", "source_modules", "forbidden_modules"):
+            for entry in contract.get(key, []):
+                named.update(part.strip() for part in entry.replace(":", "|").split("|"))
+    parts = {f"ortgen.{p.name}" for p in FRAMEWORK.iterdir() if (p / "__init__.py").is_file()}
+    parts |= {f"ortgen.{p.stem}" for p in FRAMEWORK.glob("*.py") if p.stem != "__init__"}
+    missing = {p for p in parts if not any(n == p or n.startswith(p + ".") for n in named)}
+    assert missing == set(), "add these to a contract in pyproject.toml"

@@ -265,7 +265,7 @@ def test_the_composed_cache_holds_its_cap(example: types.ModuleType) -> None:
 
 
 def test_the_public_cache_classes_are_the_registered_built_ins_and_documented() -> None:
-    from ortgen.plugin_manager import build_registry, make_plugin_manager
+    from ortgen.plugin_host.manager import build_registry, make_plugin_manager
     from ortgen.plugins import caches
 
     registry = build_registry(make_plugin_manager())

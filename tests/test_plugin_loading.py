@@ -19,7 +19,7 @@ import pytest
 
 import ortgen
 from ortgen import hookimpl
-from ortgen.plugin_manager import (
+from ortgen.plugin_host.manager import (
     BrokenPluginWarning,
     build_registry,
     import_plugin,

@@ -7,7 +7,7 @@ import pytest
 
 import ortgen
 from ortgen import hookimpl
-from ortgen.plugin_manager import build_registry, make_plugin_manager
+from ortgen.plugin_host.manager import build_registry, make_plugin_manager
 from ortgen.plugins import BUILTIN_PLUGINS
 
 
@@ -243,8 +243,8 @@ def test_the_entry_point_pre_scan_never_misses_a_plugin(tmp_path, monkeypatch):
     importlib.metadata itself on the same sys.path."""
     import importlib.metadata
 
-    from ortgen.plugin_manager import ENTRY_POINT_GROUP
-    from ortgen.plugin_sources import entry_points_may_exist as _entry_points_may_exist
+    from ortgen.plugin_host.manager import ENTRY_POINT_GROUP
+    from ortgen.plugin_host.sources import entry_points_may_exist as _entry_points_may_exist
 
     site = tmp_path / "site"
     _dist_info(site, "no_entry_points", None)
@@ -275,7 +275,7 @@ def test_no_plugin_package_means_no_importlib_metadata_import():
     import sys
 
     code = (
-        "import sys; from ortgen.plugin_manager import build_registry, make_plugin_manager; "
+        "import sys; from ortgen.plugin_host.manager import build_registry, make_plugin_manager; "
         "build_registry(make_plugin_manager()); print('importlib.metadata' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

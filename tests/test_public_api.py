@@ -58,7 +58,7 @@ def test_the_contract_reads_every_kind_of_import(tmp_path: Path) -> None:
         "from ._cuts import fill\n"
         "from .. import loop\n"
         "if TYPE_CHECKING:\n"
-        "    from ortgen.model import GraphSignature\n"
+        "    from ortgen.model.session import GraphSignature\n"
         "def f():\n"
         "    from ortgen.text.stop_strings import StopStringMatcher\n"
     )

@@ -11,7 +11,7 @@ import pytest
 
 import ortgen
 from ortgen import hookimpl
-from ortgen.model import DEFAULT_SPIN_US
+from ortgen.model.session import DEFAULT_SPIN_US
 
 PROMPTS = [[5, 17, 42, 99, 3, 64], [7, 8], [200, 13, 55, 1, 9, 9, 9, 31, 77]]
 FAIL_AT = 6  # the failing processor raises when asked for the 7th token (step 6)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from ortgen import ConfigError
-from ortgen.plugin_manager import build_registry, make_plugin_manager
+from ortgen.plugin_host.manager import build_registry, make_plugin_manager
 from ortgen.plugins import token_rules as T
 from ortgen.plugins import truncation as R
 from ortgen.testing import make_context

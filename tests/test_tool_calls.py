@@ -17,7 +17,7 @@ import pytest
 
 import ortgen
 from ortgen.errors import InputError
-from ortgen.tool_calls import closed, plan_tools, read_tool_calls
+from ortgen.structured.tool_calls import closed, plan_tools, read_tool_calls
 from tests import server_plugin
 from tests.tiny_models import export_tiny
 

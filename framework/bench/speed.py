@@ -26,7 +26,7 @@ class BenchSettings:
     prompt_ids: list[int] | None = None
     new_tokens: int = 128
     threads: int | None = 1
-    spin_us: int | None = None  # None: ortgen.model.DEFAULT_SPIN_US
+    spin_us: int | None = None  # None: ortgen.model.session.DEFAULT_SPIN_US
     batch: int = 1
     cache: str | dict[str, Any] | None = None
     settings: dict[str, Any] | None = None
@@ -76,7 +76,7 @@ def prompts_for(gen: Any, settings: BenchSettings) -> list[list[int]]:
 def load_for(settings: BenchSettings) -> Any:
     """The generator the settings name, with their ``--plugin`` modules."""
     from ..api import load
-    from ..plugin_manager import import_plugin
+    from ..plugin_host.manager import import_plugin
 
     plugins = [import_plugin(spec) for spec in settings.plugins]
     return load(settings.model, threads=settings.threads, spin_us=settings.spin_us, plugins=plugins)
@@ -208,6 +208,6 @@ def _ms(seconds: float) -> float:
 
 def _variant(folder: Path) -> str | None:
     from ..export.variant import variant_name
-    from ..manifest import read_manifest
+    from ..model.manifest import read_manifest
 
     return variant_name((read_manifest(folder) or {}).get("variant"))

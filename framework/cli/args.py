@@ -64,7 +64,7 @@ def add_pipeline_flag(parser: argparse.ArgumentParser) -> None:
 
 def add_plugin_flag(parser: argparse.ArgumentParser) -> None:
     """``--plugin SPEC``, repeatable: the same flag, read the same way
-    (``ortgen.plugin_manager.import_plugin``), on every command that loads plugins."""
+    (``ortgen.plugin_host.manager.import_plugin``), on every command that loads plugins."""
     parser.add_argument(
         "--plugin",
         action="append",
@@ -77,7 +77,7 @@ def add_plugin_flag(parser: argparse.ArgumentParser) -> None:
 
 def plugins_of(args: argparse.Namespace) -> list[ModuleType]:
     """The ``--plugin`` modules, imported in the order given (an error names the flag)."""
-    from ..plugin_manager import import_plugin
+    from ..plugin_host.manager import import_plugin
 
     return [import_plugin(spec) for spec in getattr(args, "plugin", [])]
 

@@ -28,7 +28,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
 def cmd_config_show(args: argparse.Namespace) -> int:
     from .. import config as config_mod
     from ..config.pipeline import load_pipeline
-    from ..paths import default_model_dir, has_model_config, not_a_model_folder
+    from ..model.paths import default_model_dir, has_model_config, not_a_model_folder
 
     pipeline = load_pipeline(args.pipeline) if args.pipeline else None
     model = args.model or (pipeline.model_path() if pipeline else None)

@@ -46,8 +46,8 @@ def add_command(sub: argparse._SubParsersAction) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from ..gguf.cache import stderr_progress
-    from ..locate import is_gguf_path
-    from ..paths import models_dir
+    from ..model.locate import is_gguf_path
+    from ..model.paths import models_dir
 
     if args.default:
         from ..gguf.default_model import build_default_model
@@ -92,7 +92,7 @@ def _build_gguf(args: argparse.Namespace, source: Path, out: Path) -> int:
 
 
 def _export_with_extra(args: argparse.Namespace) -> int:
-    from ..installed import export_extra_missing, install_command
+    from ..plugin_host.installed import export_extra_missing, install_command
 
     missing = export_extra_missing()
     if missing:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..registry import did_you_mean
+from ..plugin_host.registry import did_you_mean
 from . import bench, chat, config, export, generate, plugins, run, serve
 
 DESCRIPTION = "The ``ortgen`` command: one small function per subcommand, over the public API."

@@ -20,8 +20,8 @@ def add_command(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
-    from ..plugin_manager import BrokenPluginWarning, build_registry, make_plugin_manager
-    from ..registry import KINDS
+    from ..plugin_host.manager import BrokenPluginWarning, build_registry, make_plugin_manager
+    from ..plugin_host.registry import KINDS
 
     with warnings.catch_warnings():
         # the listing says what is broken and why: the warnings would say it twice

@@ -41,7 +41,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     Everything that can be checked without the model is checked before it loads."""
     from ..config.pipeline import load_pipeline
     from ..jobs import run_job
-    from ..plugin_manager import build_registry, make_plugin_manager
+    from ..plugin_host.manager import build_registry, make_plugin_manager
 
     plugins = plugins_of(args)
 

@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..constraint_check import check_constraint
 from ..errors import OrtgenError
-from ..structured_output import parse_json_output
+from ..structured.check import check_constraint
+from ..structured.response_format import parse_json_output
 
 __all__ = [
     "add_structured_flags",

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, Problem
-from ..jsonfile import read_json_object
-from ..registry import did_you_mean
-from ..structured_settings import CONSTRAINT_FIELDS
+from ..plugin_host.registry import did_you_mean
+from ..structured.settings import CONSTRAINT_FIELDS
+from ..util.jsonfile import read_json_object
 from .fields import (
     DEFAULTS,
     FIELDS,
@@ -49,7 +49,7 @@ def model_layers(folder: Path) -> list[tuple[str, dict[str, Any]]]:
     layers: list[tuple[str, dict[str, Any]]] = []
     cfg = read_json_object(folder / "config.json", error=ConfigError, missing_ok=True)
     if not cfg and (folder / "genai_config.json").is_file():  # a builder folder from elsewhere
-        from ..model import read_model_config
+        from ..model.session import read_model_config
 
         cfg = read_model_config(folder)
     derived = {

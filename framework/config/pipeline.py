@@ -45,10 +45,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..constraint_check import check_constraint
 from ..errors import ConfigError
-from ..registry import Registry, did_you_mean
-from ..structured_settings import CONSTRAINT_FIELDS, constraint
+from ..plugin_host.registry import Registry, did_you_mean
+from ..structured.check import check_constraint
+from ..structured.settings import CONSTRAINT_FIELDS, constraint
 from .fields import FIELDS, IGNORED_HF_FIELDS, UNSUPPORTED_HF_FIELDS
 from .layers import resolve
 
@@ -397,7 +397,7 @@ def _check_components(
             problems.append(f"plugins could not be loaded: {exc}")
             return
     if registry is None:
-        from ..plugin_manager import build_registry, make_plugin_manager
+        from ..plugin_host.manager import build_registry, make_plugin_manager
 
         try:
             registry = build_registry(make_plugin_manager(disable=disable))

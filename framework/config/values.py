@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import Problem
-from ..structured_settings import CONSTRAINT_FIELDS
-from ..structured_settings import normalise as normalise_constraint
-from ..structured_settings import validate as validate_constraints
+from ..structured.settings import CONSTRAINT_FIELDS
+from ..structured.settings import normalise as normalise_constraint
+from ..structured.settings import validate as validate_constraints
 from .fields import FIELDS
 
 if TYPE_CHECKING:

@@ -249,7 +249,7 @@ def _check_loads(built: Path, source: Path) -> None:
     """Load the new folder as ortgen will (onnxruntime session + graph signature), so a
     graph onnxruntime rejects never gets a manifest, i.e. never looks finished."""
     from ..errors import ModelLoadError
-    from ..model import ExportedModel
+    from ..model.session import ExportedModel
 
     try:
         ExportedModel(built, threads=1)

@@ -21,8 +21,8 @@ from pathlib import Path
 from unittest import mock
 
 from ..errors import ExportError
-from ..jsonfile import read_json_object
-from ..model import KEEP_INPUT
+from ..model.session import KEEP_INPUT
+from ..util.jsonfile import read_json_object
 from .quiet import quiet
 from .variant import Variant
 

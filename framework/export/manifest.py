@@ -1,5 +1,5 @@
 """Writing ``ortgen_manifest.json`` (what made a model folder, written last so it marks it
-complete) and telling whether a folder is stale; reading it is ``ortgen.manifest``.
+complete) and telling whether a folder is stale; reading it is ``ortgen.model.manifest``.
 
 It records the manifest format, the ortgen version, the export variant, the source and
 its sha256, and the export tools' versions. ``stale_reason`` compares a folder with what
@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..installed import ortgen_version, tool_versions
-from ..manifest import MANIFEST_FORMAT, MANIFEST_NAME, is_complete_model_folder, read_manifest
+from ..model.manifest import MANIFEST_FORMAT, MANIFEST_NAME, is_complete_model_folder, read_manifest
+from ..plugin_host.installed import ortgen_version, tool_versions
 
 __all__ = [
     "MANIFEST_FORMAT",

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ExportError, ModelLoadError
-from ..installed import ortgen_version
-from ..manifest import MANIFEST_FORMAT, MANIFEST_NAME
+from ..model.manifest import MANIFEST_FORMAT, MANIFEST_NAME
+from ..plugin_host.installed import ortgen_version
 from .decoder import build_decoder
 from .options import BUILD_FORMAT, BuildOptions, variant_of
 from .reader import GGUFError, GGUFFile

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelLoadError
-from ..manifest import read_manifest
-from ..paths import models_dir
+from ..model.manifest import read_manifest
+from ..model.paths import models_dir
 from .options import BUILD_FORMAT, BuildOptions, variant_of
 from .reader import GGUFError, looks_like_gguf
 

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import ExportError
-from ..manifest import is_complete_model_folder, read_manifest
-from ..paths import DEFAULT_MODEL_NAME, default_model_dir
+from ..model.manifest import is_complete_model_folder, read_manifest
+from ..model.paths import DEFAULT_MODEL_NAME, default_model_dir
 from .cache import build_lock, stderr_progress
 from .options import BuildOptions, variant_of
 from .reader import looks_like_gguf

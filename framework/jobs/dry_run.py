@@ -16,10 +16,10 @@ from typing import Any
 
 from .. import config as config_mod
 from ..config.pipeline import Pipeline
-from ..constraint_check import check_constraint
-from ..paths import has_model_config, not_a_model_folder
+from ..model.paths import has_model_config, not_a_model_folder
 from ..request import row_settings
-from ..structured_settings import CONSTRAINT_FIELDS, constraint
+from ..structured.check import check_constraint
+from ..structured.settings import CONSTRAINT_FIELDS, constraint
 from . import check_input
 from .ray_engine import RAY_MISSING, ray_available
 

@@ -91,7 +91,7 @@ def run_ray_job(
     ``threads`` CPUs (1 when None); ``spin_us`` is their sessions' spin (see ``load``).
     The other arguments mean what they mean for :func:`run_job`; the output is the same.
     Raises before any row runs when the job as a whole cannot work."""
-    from ..model import spin_duration
+    from ..model.session import spin_duration
 
     check_sizes(batch_size, window)
     spin_duration(spin_us)  # a bad value fails here, not in every worker

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, OrtgenError
-from ..prompts import row_settings
+from ..request.prompts import row_settings
 
 __all__ = ["InputRow", "RowChecker", "SettingsCheck", "id_key", "is_parquet", "read_rows"]
 

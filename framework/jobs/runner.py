@@ -29,7 +29,7 @@ from .rows import InputRow, RowChecker, id_key, read_rows
 
 if TYPE_CHECKING:
     from ..api import TextGenerator
-    from ..outputs import GenerationOutput
+    from ..request.outputs import GenerationOutput
 
 __all__ = [
     "RAY_NEEDS_ITS_RUNNER",

@@ -27,7 +27,7 @@ from typing import Self
 import numpy as np
 
 from ..errors import ComponentError, InputError
-from ..model import ExportedModel
+from ..model.session import ExportedModel
 from ..protocols import RowSlots
 from ..text import RowText, Tokenizer
 from . import scoring

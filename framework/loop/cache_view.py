@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..cache_protocols import (
+from ..errors import InputError
+from ..protocols.caches import (
     BelongsToGraph,
     CopiesRows,
     FeedsMask,
@@ -31,7 +32,6 @@ from ..cache_protocols import (
     SelectsRow,
     ShiftsColumns,
 )
-from ..errors import InputError
 
 
 @dataclass(frozen=True)

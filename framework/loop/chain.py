@@ -1,7 +1,7 @@
 """A request's components as the loop calls them: one ``Chain`` per settings group.
 
 Plain callables with the names they were registered under; which ones a config asks
-for, and building them through the plugin registry, is ``ortgen.chain_specs``: the
+for, and building them through the plugin registry, is ``ortgen.plugin_host.chains``: the
 loop itself knows no plugin host.
 """
 

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..candidates import Candidates
 from ..errors import ComponentError
+from ..protocols.candidates import Candidates
 
 if TYPE_CHECKING:
     from .chain import Chain

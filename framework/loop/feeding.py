@@ -16,7 +16,7 @@ from typing import ParamSpec, TypeVar
 import numpy as np
 
 from ..errors import ComponentError, InputError
-from ..model import ExportedModel
+from ..model.session import ExportedModel
 from .cache_view import CacheView
 from .step_fields import StepFields
 

@@ -21,8 +21,8 @@ from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 
-from ..candidates import Candidates
 from ..errors import ComponentError
+from ..protocols.candidates import Candidates
 from .chain import Chain
 from .step_fields import StepFields
 

@@ -23,11 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from ..candidates import Candidates
 from ..errors import ComponentError, InputError
-from ..exclusive import Exclusive
-from ..model import ExportedModel
+from ..model.session import ExportedModel
+from ..protocols.candidates import Candidates
 from ..text import RowText, Tokenizer
+from ..util.exclusive import Exclusive
 from . import scoring
 from .admission import Admission
 from .cache_view import CacheView

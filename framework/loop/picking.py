@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..candidates import Candidates
 from ..errors import ComponentError
+from ..protocols.candidates import Candidates
 from . import scoring
 from .chain import Chain
 from .component_checks import check_ids, check_not_nan, check_stop

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ..candidates import Candidates
 from ..protocols import LogitsProcessor, WorksOnCandidates
+from ..protocols.candidates import Candidates
 from .component_checks import check_candidates, check_scores
 
 #: a processor as ``process`` calls it: (name, processor, the same object when it works

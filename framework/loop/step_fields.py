@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 import numpy as np
 
 if TYPE_CHECKING:
-    from ..candidates import Candidates
-    from ..exclusive import Exclusive
-    from ..model import ExportedModel, ForwardBinding
+    from ..model.session import ExportedModel, ForwardBinding
+    from ..protocols.candidates import Candidates
     from ..text import Tokenizer
+    from ..util.exclusive import Exclusive
     from .cache_view import CacheView
     from .chain import Chain
     from .rows import RowState

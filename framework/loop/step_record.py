@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..candidates import best_first
+from ..protocols.candidates import best_first
 
 
 class StepRecord:

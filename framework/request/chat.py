@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
-from ..structured_output import response_format_settings
-from ..structured_settings import CONSTRAINT_FIELDS
+from ..structured.response_format import response_format_settings
+from ..structured.settings import CONSTRAINT_FIELDS
+from ..structured.tool_calls import ToolPlan, plan_tools
 from ..text.chat_template import check_messages
-from ..tool_calls import ToolPlan, plan_tools
 
 if TYPE_CHECKING:
     from ..api import TextGenerator
@@ -24,7 +24,7 @@ class ChatRequest:
     prompt: list[int]
     #: the caller's settings plus what ``response_format`` and the tools constrain
     settings: dict[str, Any]
-    #: with tools: how the answer holds calls (``ortgen.tool_calls``)
+    #: with tools: how the answer holds calls (``ortgen.structured.tool_calls``)
     plan: ToolPlan | None = None
     #: a setting added here -> the input that asked for it ("response_format", "tools")
     sources: dict[str, str] = field(default_factory=dict)

@@ -9,7 +9,7 @@ from ..config.values import normalise
 from ..errors import Problem
 
 if TYPE_CHECKING:
-    from ..registry import Registry
+    from ..plugin_host.registry import Registry
 
 #: the settings that name components, and the registry kind each names
 COMPONENT_KINDS = {

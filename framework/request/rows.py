@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..structured_settings import CONSTRAINT_FIELDS
+from ..structured.settings import CONSTRAINT_FIELDS
 
 if TYPE_CHECKING:
     from ..config import GenerationConfig

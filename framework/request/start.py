@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from ..chain_specs import build_chain, cache_spec
 from ..loop.chain import Chain
 from ..loop.generate import Generation
+from ..plugin_host.chains import build_chain, cache_spec
 from .rows import group_rows, settings_key
 
 if TYPE_CHECKING:

@@ -30,8 +30,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import ConfigError, InputError
-from ..model import max_context, read_model_config
-from ..outputs import StreamPiece
+from ..model.session import max_context, read_model_config
+from ..request.outputs import StreamPiece
 from . import metrics as prometheus
 from .chat_page import chat_page_routes, is_page_path
 from .engine import RowHandle

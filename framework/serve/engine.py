@@ -2,7 +2,7 @@
 
 The HTTP layer (``ortgen.serve.app``) turns an OpenAI request into rows (one per
 choice) and submits each with :meth:`Engine.submit`; it gets a :class:`RowHandle`
-whose :meth:`RowHandle.pieces` yields :class:`~ortgen.outputs.StreamPiece` objects as the
+whose :meth:`RowHandle.pieces` yields :class:`~ortgen.request.outputs.StreamPiece` objects as the
 decode loop produces them, and which a client that hangs up cancels.
 
 The loop runs in its own thread (onnxruntime releases the GIL while it computes, so the
@@ -24,14 +24,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api import TextGenerator
-from ..chain_specs import build_chain
 from ..config import GenerationConfig
 from ..errors import InputError
 from ..loop.chain import Chain
 from ..loop.generate import Generation
 from ..loop.step_report import StepReport
-from ..outputs import StreamPiece
+from ..plugin_host.chains import build_chain
 from ..request import start_row
+from ..request.outputs import StreamPiece
 
 #: positions per row the shared cache starts with (it doubles when a row needs more)
 SLOT_POSITIONS = 256

@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import OrtgenError
-from ..locate import is_gguf_path, model_folder
-from ..model import MODEL_FILE
+from ..model.locate import is_gguf_path, model_folder
+from ..model.session import MODEL_FILE
 from .model_pool import ModelSource
 
 

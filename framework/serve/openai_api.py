@@ -23,7 +23,7 @@ from ..api import TextGenerator
 from ..errors import ConfigError, InputError, OrtgenError
 from ..loop.chain import Chain
 from ..request import COMPONENT_KINDS, ChatRequest, build_chat, clipped_length, component_problems
-from ..tool_calls import ToolPlan
+from ..structured.tool_calls import ToolPlan
 from .engine import Engine
 from .errors import RequestError
 from .openai_fields import COMPLETION_LOGPROBS, INTEGERS, boolean, integer, settings_of
@@ -52,7 +52,7 @@ class ParsedRequest:
     prompt_field: str = "prompt"
     #: ortgen setting -> the request field it came from (for ``param`` in errors)
     names: dict[str, str] = field(default_factory=dict)
-    #: a chat request with tools: how its answers hold calls (``ortgen.tool_calls``)
+    #: a chat request with tools: how its answers hold calls (``ortgen.structured.tool_calls``)
     tool_plan: ToolPlan | None = None
 
 

@@ -17,9 +17,9 @@ import time
 import uuid
 from typing import Any
 
-from ..outputs import StreamPiece
+from ..request.outputs import StreamPiece
+from ..structured.tool_calls import ToolPlan, read_tool_calls
 from ..text import Tokenizer
-from ..tool_calls import ToolPlan, read_tool_calls
 from .openai_api import ParsedRequest
 
 #: what a non-finite logprob becomes: JSON has no -inf (vLLM does the same)

@@ -23,7 +23,7 @@ from types import FrameType
 import uvicorn
 
 from ..errors import OrtgenError
-from ..plugin_manager import import_plugin
+from ..plugin_host.manager import import_plugin
 from .app import build_app
 from .engine import Engine, EngineStats
 from .model_pool import ModelPool, ModelSource, ServedModel

@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..candidates import Candidates
 from ..config import GenerationConfig
 from ..errors import ComponentError
 from ..loop.component_checks import check_candidates, check_ids, check_scores, check_stop
 from ..protocols import GenerationContext, LogitsProcessor, Sampler, StoppingCriterion
+from ..protocols.candidates import Candidates
 
 if TYPE_CHECKING:
-    from ..model import GraphSignature
+    from ..model.session import GraphSignature
 
 
 def make_context(

@@ -39,12 +39,12 @@ import numpy as np
 
 from ..api import TextGenerator
 from ..errors import ComponentError
-from ..hookspecs import Register, hookimpl
+from ..plugin_host.hookspecs import Register, hookimpl
 from .fake_model import FakeModel
 
 if TYPE_CHECKING:
-    from ..model import ExportedModel
-    from ..outputs import GenerationOutput
+    from ..model.session import ExportedModel
+    from ..request.outputs import GenerationOutput
 
 #: a prompt with repeats (an n-gram drafter finds earlier matches in it), and another
 _REPEATING = [3, 17, 5, 9, 30, 3, 17, 5, 9, 30, 3, 17]

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..model import GraphSignature
+from ..model.session import GraphSignature
 
 LAYOUTS = ("concat", "shared")
 
@@ -99,7 +99,7 @@ class FakeModel:
 
 
 class FakeBinding:
-    """One request's binding: ``forward`` as ``ortgen.model.ForwardBinding`` runs it."""
+    """One request's binding: ``forward`` as ``ortgen.model.session.ForwardBinding`` runs it."""
 
     def __init__(self, model: FakeModel) -> None:
         self.model = model

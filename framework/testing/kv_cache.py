@@ -44,12 +44,12 @@ import numpy as np
 
 from ..api import TextGenerator
 from ..errors import ComponentError, InputError
-from ..hookspecs import Register, hookimpl
+from ..plugin_host.hookspecs import Register, hookimpl
 from ..protocols import ForksCache, KVCache, SelectsRow
 from .fake_model import LAYOUTS, FakeModel
 
 if TYPE_CHECKING:
-    from ..model import ExportedModel
+    from ..model.session import ExportedModel
 
 #: the built-in cache each graph family's scenarios are compared with
 REFERENCE = {"concat": "dynamic", "shared": "static"}

@@ -25,7 +25,7 @@ from typing import Any
 import tokenizers
 
 from ..errors import ModelLoadError
-from ..jsonfile import read_json_object
+from ..util.jsonfile import read_json_object
 
 __all__ = [
     "RESOLVED_FILE",

@@ -29,7 +29,7 @@ import tokenizers
 from tokenizers import AddedToken
 
 from ..errors import ModelLoadError
-from ..jsonfile import read_json_object
+from ..util.jsonfile import read_json_object
 from .resolved_tokenizer import RESOLVED_FILE, TokenizerFolder, load_backend
 
 __all__ = ["TOKENIZER_CONFIG_FILE", "V5_GENERIC_CLASS", "read_best_effort", "token_id"]

@@ -80,7 +80,7 @@ def read_tokenizer_folder(folder: Path) -> TokenizerFolder:
 def _unreadable_by_installed_transformers(folder: Path) -> str:
     """Why transformers' AutoTokenizer cannot read ``folder`` here, found without importing
     transformers; "" when it may (or when the folder's config cannot tell)."""
-    from ..installed import tool_versions
+    from ..plugin_host.installed import tool_versions
 
     config = folder / TOKENIZER_CONFIG_FILE
     try:
@@ -108,7 +108,7 @@ def _warn_if_exported_before_resolution(folder: Path) -> None:
     every load: seconds and hundreds of MB), which its owner would otherwise only notice as
     a slow, heavy load. Re-exporting writes the file.
     """
-    from ..manifest import MANIFEST_FORMAT, read_manifest
+    from ..model.manifest import MANIFEST_FORMAT, read_manifest
 
     manifest = read_manifest(folder)
     if manifest is None:

@@ -48,7 +48,7 @@ EXPORT_TOOLS = (
 
 
 def ortgen_version() -> str:
-    from .version import __version__
+    from ..version import __version__
 
     return __version__
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 if TYPE_CHECKING:
-    from .model import GraphSignature
+    from ..model.session import GraphSignature
 
 
 @runtime_checkable

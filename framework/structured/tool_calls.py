@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import InputError
+from ..errors import InputError
 
 #: most calls one answer may make: a small model that has made its call tends to repeat
 #: it until max_new_tokens; bounded, it ends with its calls instead

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .errors import InputError
+from ..errors import InputError
 
 
 def parse_json_output(text: str, finish_reason: str | None) -> tuple[Any, str | None]:

@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from .loop.generate import Generation
-from .protocols import BeamsPerPrompt, KeepsSequenceLogprobs
-from .structured_output import parse_json_output
-from .text import RowText
-from .tool_calls import ToolPlan, read_tool_calls
+from ..loop.generate import Generation
+from ..protocols import BeamsPerPrompt, KeepsSequenceLogprobs
+from ..structured.response_format import parse_json_output
+from ..structured.tool_calls import ToolPlan, read_tool_calls
+from ..text import RowText
 
 __all__ = ["GenerationOutput", "StreamPiece", "output_of", "with_calls"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 
 __all__ = ["is_gguf_path", "model_folder"]
 
@@ -21,7 +21,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 def is_gguf_path(path: str | Path) -> bool:
     """Whether ``path`` is a file in GGUF format."""
-    from .gguf.reader import looks_like_gguf
+    from ..gguf.reader import looks_like_gguf
 
     return Path(path).is_file() and looks_like_gguf(path)
 
@@ -34,7 +34,7 @@ def model_folder(path: str | Path) -> Path:
         return candidate
     if candidate.is_file():
         if is_gguf_path(candidate):
-            from .gguf.cache import built_model
+            from ..gguf.cache import built_model
 
             return built_model(candidate)
         raise ModelLoadError(

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import NamedTuple
 
-from .errors import PluginError
+from ..errors import PluginError
 from .installed import metadata_folders
 
 __all__ = [
@@ -153,7 +153,7 @@ def entry_points_may_exist(group: str) -> bool:
     points: ~0.09 s of each cold start in a development environment of ~150 packages,
     spent finding nothing when no plugin package is installed (the usual case). This
     reads the ``entry_points.txt`` of each folder ``importlib.metadata`` would look in
-    (``ortgen.installed``) for the group, in a few ms.
+    (``ortgen.plugin_host.installed``) for the group, in a few ms.
     It may say True wrongly (the loader then decides exactly), never False wrongly:
     anything it cannot read as a plain folder (a zip on ``sys.path``, an unreadable
     file) counts as True.

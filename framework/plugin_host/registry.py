@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigError, PluginError
+from ..errors import ConfigError, PluginError
 
 #: Component kinds, each with the hook that registers it.
 KINDS: dict[str, str] = {

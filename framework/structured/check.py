@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["JSON_DEFAULTS", "check_constraint", "check_grammar", "grammar_text"]
 

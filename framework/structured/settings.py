@@ -15,10 +15,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import Problem
+from ..errors import Problem
 
 if TYPE_CHECKING:
-    from .config import GenerationConfig
+    from ..config import GenerationConfig
 
 #: The constraint fields, in the order a problem lists them.
 CONSTRAINT_FIELDS = ("json_schema", "json_object", "regex", "grammar", "choice")

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Self, runtime_checkable
 
 import numpy as np
 
-from .cache_protocols import (
+from .caches import (
     BelongsToGraph,
     CopiesRows,
     FeedsMask,
@@ -38,8 +38,8 @@ from .cache_protocols import (
 )
 
 if TYPE_CHECKING:
-    from .config import GenerationConfig
-    from .model import GraphSignature
+    from ..config import GenerationConfig
+    from ..model.session import GraphSignature
 
 __all__ = [
     "AdaptsDrafts",

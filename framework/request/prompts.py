@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InputError
-from .text import Tokenizer
+from ..errors import InputError
+from ..text import Tokenizer
 
 Prompt = str | Sequence[int] | np.ndarray | Mapping[str, Any]
 Prompts = Prompt | Sequence[str] | Sequence[Sequence[int]] | Sequence[Mapping[str, Any]]

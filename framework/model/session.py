@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from .errors import InputError, ModelLoadError
-from .exclusive import Exclusive
-from .jsonfile import read_json_object
+from ..errors import InputError, ModelLoadError
+from ..util.exclusive import Exclusive
+from ..util.jsonfile import read_json_object
 
 MODEL_FILE = "model.onnx"
 GENAI_CONFIG = "genai_config.json"

@@ -12,17 +12,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .config import GenerationConfig
-from .errors import ConfigError
-from .loop import scoring
-from .loop.chain import Chain, Spec
-from .protocols import (
+from ..config import GenerationConfig
+from ..errors import ConfigError
+from ..loop import scoring
+from ..loop.chain import Chain, Spec
+from ..protocols import (
     GenerationContext,
     KVCache,
     LogitsProcessor,
 )
+from ..structured.settings import constraint as structured_constraint
 from .registry import Registry
-from .structured_settings import constraint as structured_constraint
 
 
 def processor_specs(config: GenerationConfig, ctx: GenerationContext | None = None) -> list[Spec]:
@@ -318,8 +318,8 @@ def logits_processors(
     ``settings``; no model files), callable on numpy arrays, so users and tests can
     compare it with transformers' ``_get_logits_processor`` directly. ``plugins`` adds
     plugin objects as ``load(plugins=...)`` does."""
-    from .config import resolve
-    from .plugin_manager import build_registry, make_plugin_manager
+    from ..config import resolve
+    from .manager import build_registry, make_plugin_manager
 
     config = resolve([("call", settings)]).config
     registry = build_registry(make_plugin_manager(extra=plugins))

@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .errors import InputError
+from ..errors import InputError
 
 if TYPE_CHECKING:
-    from .api import TextGenerator
-    from .loop.generate import Generation
+    from ..api import TextGenerator
+    from ..loop.generate import Generation
 
 
 class ChatSession:

@@ -22,7 +22,7 @@ from typing import Protocol, TypeVar
 
 import pluggy
 
-from .protocols import Drafter, KVCache, LogitsProcessor, Sampler, StoppingCriterion
+from ..protocols import Drafter, KVCache, LogitsProcessor, Sampler, StoppingCriterion
 
 PROJECT_NAME = "ortgen"
 

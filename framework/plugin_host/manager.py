@@ -36,16 +36,16 @@ from typing import Any, NamedTuple
 
 import pluggy
 
+from ..errors import PluginError
 from . import hookspecs
-from .errors import PluginError
-from .plugin_sources import (
+from .registry import KINDS, Registry
+from .sources import (
     EntryPoint,
     describe_exception,
     entry_points,
     entry_points_may_exist,
     import_plugin,
 )
-from .registry import KINDS, Registry
 
 __all__ = [
     "BUILTIN_PACKAGE",
