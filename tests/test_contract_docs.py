@@ -19,14 +19,15 @@ ROOT = Path(__file__).resolve().parent.parent
 GUIDE = (ROOT / "docs" / "plugins.md").read_text(encoding="utf-8")
 #: where the loop and its callers meet components
 PROBING = [*sorted((ROOT / "framework" / "loop").glob("*.py")),
-           *(ROOT / "framework" / name for name in ("api.py", "outputs.py", "chain_specs.py")),
+           *(ROOT / "framework" / name for name in ("api.py", "request/outputs.py",
+                                                     "plugin_host/chains.py")),
            ROOT / "framework" / "serve" / "engine.py"]  # fmt: skip
 NOT_CAPABILITIES = {"shape"}  # read for error messages only
 
 
 def _protocols() -> list[type]:
     """Every protocol ``ortgen.protocols`` offers (the KV cache's come from
-    ``cache_protocols.py`` and are re-exported there)."""
+    ``protocols/caches.py`` and are re-exported there)."""
     found = [getattr(protocols, name) for name in protocols.__all__]
     return [p for p in found if inspect.isclass(p) and getattr(p, "_is_protocol", False)]
 

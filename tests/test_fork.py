@@ -28,7 +28,7 @@ def gen(request, tiny_model_dirs, fused_model_dirs):
 
 
 def _steps(state, count: int) -> list[list[int]]:
-    return [state.step().tolist() for _ in range(count)]
+    return [state.step().ids.tolist() for _ in range(count)]
 
 
 @pytest.mark.parametrize("cache", CACHES, ids=lambda c: c if isinstance(c, str) else c["name"])
@@ -58,8 +58,8 @@ def test_a_fork_continues_as_the_original_would(gen, cache):
     twin.append(other)
     mine, theirs = [], []
     for _ in range(10):
-        mine.append(state.step().tolist())
-        theirs.append(twin.step().tolist())
+        mine.append(state.step().ids.tolist())
+        theirs.append(twin.step().ids.tolist())
     assert mine == expected and theirs == expected_fork
     np.testing.assert_array_equal(state.sequences, plain.sequences)
     np.testing.assert_array_equal(twin.sequences, diverted.sequences)

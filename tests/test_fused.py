@@ -199,7 +199,7 @@ def test_static_equals_dynamic_on_optimum_graphs(tiny_model_dirs, tiny_arch: str
         state.append([[9, 8]] * len(PROMPTS))  # 3 positions left to generate
         steps = []
         while not state.is_done:
-            steps.append(state.step().tolist())
+            steps.append(state.step().ids.tolist())
         results[cache] = ([state.generated(r) for r in range(len(PROMPTS))], steps)
         assert state.chain.cache_name == cache
     assert results["static"] == results["dynamic"]

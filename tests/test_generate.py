@@ -189,4 +189,4 @@ def test_step_after_force_says_what_to_do(graph, tiny_model_dirs, fused_model_di
     with pytest.raises(ortgen.InputError, match="step\\(\\) after force\\(\\)"):
         state.step()
     state.append([[10]])  # a new token to feed: stepping goes on
-    assert len(state.step()) == 1
+    assert len(state.step().ids) == 1

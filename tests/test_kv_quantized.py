@@ -301,7 +301,7 @@ def test_rewind_then_append_goes_on_alike(gen) -> None:
         if rewind:
             state.rewind(rewind)
         state.append([[7, 8]] * len(prompts))
-        states.append((state, state.step()))
+        states.append((state, state.step().ids))
     (a, a_next), (b, b_next) = states
     assert np.array_equal(a_next, b_next)
     assert a.sequences.tolist() == b.sequences.tolist()

@@ -259,7 +259,7 @@ def test_a_transformers5_folder_goes_to_an_installed_transformers5(
     root: Path, backend: RustTokenizer, monkeypatch: pytest.MonkeyPatch
 ):
     """With transformers 5 installed, AutoTokenizer reads the folder (the exact way)."""
-    from ortgen import installed
+    from ortgen.plugin_host import installed
     from ortgen.text import tokenizer_folder
 
     asked: list[Path] = []
