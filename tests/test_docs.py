@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from ortgen import config as config_mod
-from ortgen.plugin_host import hookspecs
 from ortgen.cli import build_parser
+from ortgen.plugin_host import hookspecs
 from ortgen.plugin_host.manager import build_registry, make_plugin_manager
 from ortgen.plugin_host.registry import KINDS
 
