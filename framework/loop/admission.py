@@ -31,6 +31,7 @@ from ..model.session import ExportedModel
 from ..protocols import RowSlots
 from ..text import RowText, Tokenizer
 from . import scoring
+from .batch_kind import OPEN
 from .cache_view import CacheView
 from .chain import Chain
 from .rows import RowState, one_row
@@ -66,24 +67,27 @@ class Admission(StepFields):
                 f"(it has no {missing} capability): continuous batching needs one, such as "
                 "the built-in 'slots' or 'concat_slots'"
             )
-        state = cls.__new__(cls)
-        state._setup(model, cache, pad_token_id, tokenizer, [])
-        state._open = True
-        state.rows = RowState.empty(_START_COLUMNS, pad_token_id)
-        state.length = 1  # column 0 is padding: a joining prompt always has room before it
-        state.prompt_length = 0  # every real token's position is its column less its padding
-        state.prefill_tokens = 0
-        state._packed_prefill = False
-        state._groups = []
-        state.record = StepRecord(0, _START_COLUMNS)
-        state._prefilled = {}
+        return cls(  # type: ignore[call-arg]  # Generation's constructor (the mixin's class)
+            model, cache, (), max_length=0, pad_token_id=pad_token_id, tokenizer=tokenizer,
+            batch=OPEN,
+        )  # fmt: skip
+
+    def _init_open(self) -> None:
+        """An open batch's own fields (the constructor's ``OPEN`` branch)."""
+        self.rows = RowState.empty(_START_COLUMNS, self.pad_token_id)
+        self.length = 1  # column 0 is padding: a joining prompt always has room before it
+        self.prompt_length = 0  # every real token's position is its column less its padding
+        self.prefill_tokens = 0
+        self._packed_prefill = False
+        self._groups = []
+        self.record = StepRecord(0, _START_COLUMNS)
+        self._prefilled = {}
         #: rows that copied a held row's prefill of the same prompt (the n choices of one
         #: request), and prompt tokens rows took from prefixes the cache held
-        state.shared_prefills = 0
-        state.reused_tokens = 0
-        state._init_following()
-        state._init_speculation()
-        return state
+        self.shared_prefills = 0
+        self.reused_tokens = 0
+        self._init_following()
+        self._init_speculation()
 
     def admit(self, prompt: Sequence[int], chain: Chain) -> Admitted:
         """Add a request as the last row (see module doc); returns what that did
@@ -95,7 +99,7 @@ class Admission(StepFields):
             return Admitted(row, self.shared_prefills > shared, self.reused_tokens - reused)
 
     def _admit(self, prompt: list[int], chain: Chain) -> int:
-        if not self._open:
+        if not self._batch.joins:
             raise InputError("admit() needs an open batch (Generation.open())")
         if not prompt:
             raise InputError("an empty prompt cannot join")

@@ -133,7 +133,7 @@ class Continuing(StepFields):
             self._append(tokens, chain)
 
     def _append(self, tokens: Sequence[Sequence[int]], chain: Chain | None) -> None:
-        if self._open:
+        if self._batch.joins:
             raise InputError("an open batch takes new rows through admit(), not append()")
         if len(tokens) != self.batch_size:
             raise InputError(f"append() needs one token list per row ({self.batch_size} rows)")
@@ -165,7 +165,7 @@ class Continuing(StepFields):
             self._rewind(count)
 
     def _rewind(self, count: int) -> None:
-        if self._open:
+        if self._batch.joins:
             raise InputError("an open batch's rows cannot be rewound together")
         shortest = self.length - int(self.rows.pads.max())
         if not 0 < count < shortest:

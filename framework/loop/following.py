@@ -172,7 +172,7 @@ class Following(StepFields):
         and no raw logits asked for (there would be none to record). Not in an open
         batch: its rows joined at different places, and a forward of several tokens on
         a past goes row by row on fused graphs, which costs more than it saves there."""
-        if self._open:  # rows at different places: every step feeds one token per row
+        if self._batch.joins:  # rows at different places: every step feeds one token per row
             return False
         running = self.rows.unfinished
         return self.steps > 0 and bool((forced[running] >= 0).all()) and not self.record.want_logits
@@ -237,7 +237,7 @@ class Following(StepFields):
         failed: list[ComponentError] = []
         self._refresh_forced(range(self.batch_size), failed)
         self._prepare_next(failed)
-        if failed and not self._open:
+        if failed and not self._batch.isolates_errors:
             raise failed[0]
 
     def _prepare_next(self, failed: list) -> None:

@@ -30,6 +30,7 @@ from ..text import RowText, Tokenizer
 from ..util.exclusive import Exclusive
 from . import scoring
 from .admission import Admission
+from .batch_kind import REQUEST, BatchKind
 from .cache_view import CacheView
 from .chain import Chain
 from .continuing import Continuing
@@ -55,13 +56,23 @@ class Generation(Feeding, Following, Picking, Speculating, Continuing, Admission
         pad_token_id: int,
         tokenizer: Tokenizer | None = None,
         row_chains: Sequence[Chain] | None = None,
+        batch: BatchKind = REQUEST,
     ) -> None:
+        """The one constructor. ``batch``: ``REQUEST`` (these ``prompts``, prefilled by
+        the first step) or ``OPEN`` (no prompts: rows join with ``admit()``; what
+        ``Generation.open()`` makes)."""
+        if batch.joins:
+            if prompts or row_chains:
+                raise InputError("an open batch starts empty: rows join with admit()")
+            self._setup(model, chain, pad_token_id, tokenizer, [], batch)
+            self._init_open()
+            return
         if not prompts:
             raise InputError("no prompts given")
         chains = list(row_chains) if row_chains is not None else [chain] * len(prompts)
         if len(chains) != len(prompts):
             raise InputError(f"row_chains needs one chain per row ({len(prompts)} rows)")
-        self._setup(model, chain, pad_token_id, tokenizer, chains)
+        self._setup(model, chain, pad_token_id, tokenizer, chains, batch)
         self.prompt_length = max(len(p) for p in prompts)
         self.rows = _rows_for(prompts, self.prompt_length, max_length, pad_token_id, chains)
         self.length = self.prompt_length  # tokens in the buffer, per row (padding included)
@@ -95,6 +106,7 @@ class Generation(Feeding, Following, Picking, Speculating, Continuing, Admission
         pad_token_id: int,
         tokenizer: Tokenizer | None,
         chains: Sequence[Chain],
+        batch: BatchKind,
     ) -> None:
         """What every step object has, whatever its rows."""
         if any(c.stop_strings for c in chains) and tokenizer is None:
@@ -114,7 +126,7 @@ class Generation(Feeding, Following, Picking, Speculating, Continuing, Admission
         self.steps = 0
         self.prefill_chunk = PREFILL_CHUNK
         self._solo: set[int] = set()  # ids of chains that see their one row without padding
-        self._open = False  # rows join and leave (``admission.py``): the server's batch
+        self._batch = batch  # a request's own rows, or rows that join and leave
         #: the cache every row shares, with its optional capabilities found once
         self._kv = CacheView.of(chain.cache, chain.cache_name)
         self._check_cache_signature(self._kv, chain.cache_name, model)
@@ -212,7 +224,7 @@ class Generation(Feeding, Following, Picking, Speculating, Continuing, Admission
                 "step() after force(): the model has seen every token, so there is no "
                 "newest one to feed; call force() again, or append() tokens and step()"
             )
-        if self._open:  # rows end by their own limits, not the buffer's
+        if self._batch.grows:  # rows end by their own limits, not the buffer's
             self.reserve(self.length + 2)
         failed: list[ComponentError] = []
         forced = self._forced_column()  # tokens a component knows for certain, if any
@@ -228,7 +240,7 @@ class Generation(Feeding, Following, Picking, Speculating, Continuing, Admission
             logits = self._forward()
             next_ids, scores = self._pick(self.sequences, logits, forced, failed)
         if failed and self.is_done:  # every running row failed: nothing to append
-            if self._open:
+            if self._batch.isolates_errors:
                 return next_ids
             raise failed[0]
         next_ids = self._commit(next_ids, logits, scores, forced, failed)
@@ -278,7 +290,7 @@ class Generation(Feeding, Following, Picking, Speculating, Continuing, Admission
         self._prepare_next(failed)
         if self.is_done and self._kv.prefixes is not None:
             self._cache_call(self._kv.prefixes.remember, self._held_rows())
-        if failed and not self._open:
+        if failed and not self._batch.isolates_errors:
             raise failed[0]
 
     # -- search, finishing ------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Split out of ``generate.py`` as ``feeding.py`` and ``following.py`` are: ``Picking`` is a
 mixin of ``Generation`` and uses its fields (``_groups``, ``rows``, ``length``,
-``steps``, ``_solo``, ``_open``). A step's rows are grouped by the chain that serves
+``steps``, ``_solo``, ``_batch``). A step's rows are grouped by the chain that serves
 them (per-row settings, the requests of a continuous batch); each group's processors,
 sampler and stopping criteria see only its rows, and a component that raises fails only
 those rows (finish reason ``"error"``, the error kept per row): one error model for the
@@ -51,7 +51,7 @@ class Picking(StepFields):
         # each group's processed scores go over its logits: after the pick nothing reads
         # the raw ones (recorded logits were copied), and a group whose chain changed
         # nothing (greedy, no processors) costs no copy at all
-        scores = logits if self._open else np.array(logits)
+        scores = logits if self._batch.joins else np.array(logits)
         for rows, chain in self._groups:
             if self._has_failed(rows):
                 continue
@@ -128,7 +128,7 @@ class Picking(StepFields):
                 continue
             ids, group_scores = self._group_view(rows, chain, input_ids, dense)
             self._isolated(rows, failed, partial(self._stop_group, rows, chain, ids, group_scores))
-        if self.length >= self.rows.ids.shape[1] and not self._open:
+        if self.length >= self.rows.ids.shape[1] and not self._batch.grows:
             for row in np.flatnonzero(self.rows.unfinished):
                 self.finish(int(row), "length")
 

@@ -76,7 +76,7 @@ class Speculating(StepFields):
         """Most drafts this step may feed: the buffer keeps room for them and the
         model's own token after them; an open batch grows its buffer instead, within
         the model's context (a drafted position past it would not exist)."""
-        if not self._open:
+        if not self._batch.grows:
             return self.rows.ids.shape[1] - self.length - 1
         room = OPEN_BATCH_DRAFTS
         context = self.model.max_context
@@ -91,7 +91,8 @@ class Speculating(StepFields):
         drafter = self._row_drafter()
         if drafter is None or self.fed != self.length - 1 or not bool(self.rows.unfinished[0]):
             return []
-        if self.steps == 0 and not self._open:  # the prompt is not fed yet
+        if self.steps == 0 and not self._batch.joins:  # the prompt is not fed yet (rows
+            # that join were prefilled in admit())
             return []
         if forced is not None and bool((forced >= 0).any()):
             return []

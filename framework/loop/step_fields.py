@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from ..protocols.candidates import Candidates
     from ..text import Tokenizer
     from ..util.exclusive import Exclusive
+    from .batch_kind import BatchKind
     from .cache_view import CacheView
     from .chain import Chain
     from .rows import RowState
@@ -50,7 +51,7 @@ class StepFields:
     reused_tokens: int  #: open batches: prompt tokens taken from a slot's prefix
     _groups: list[tuple[np.ndarray | None, Chain]]  #: (rows or None: all, chain) per group
     _solo: set[int]
-    _open: bool
+    _batch: BatchKind  #: a request's own batch or an open one (``batch_kind.py``)
     _binding: ForwardBinding
     _driver: Exclusive
     _kv: CacheView  #: the cache's optional capabilities, found once (``cache_view.py``)
@@ -104,7 +105,9 @@ class StepFields:
             pad_token_id: int,
             tokenizer: Tokenizer | None,
             chains: Sequence[Chain],
+            batch: BatchKind,
         ) -> None: ...
+        def _init_open(self) -> None: ...
         def _init_following(self) -> None: ...
         def _init_speculation(self) -> None: ...
         def _select(self, row: int | None) -> None: ...
