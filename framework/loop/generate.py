@@ -212,9 +212,9 @@ class Generation(Feeding, Following, Picking, Speculating, Continuing, Admission
         step did per row (``StepReport``: the tokens as appended, each row's new columns,
         the rows that ended, drafts proposed and kept)."""
         with self._driver.hold("step"):
-            before = StepStart.of(self)
+            before = StepStart(self)
             ids = self._step()
-            return StepReport.between(before, self, ids)
+            return StepReport(before, self, ids)
 
     def _step(self) -> np.ndarray:
         if self.is_done:
