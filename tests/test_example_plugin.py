@@ -64,6 +64,14 @@ result = {
     "bad_value": error(logits_processors=[{"name": "ban_tokens", "token_ids": [256]}]),
     "bad_param": error(logits_processors=[{"name": "ban_tokens", "tokens": [3]}]),
 }
+# the drafter (speculation runs one row) and the composed cache, through the library
+one = [prompts[0]]
+plain = gen.generate(one, max_new_tokens=new)
+fast = gen.generate(one, max_new_tokens=new, drafter={"name": "repeat_token", "min_run": 1})
+result["drafter"] = {"plain": plain.tokens, "fast": fast.tokens,
+                     "drafted": fast.stats["drafted"], "kept": fast.stats["accepted"]}
+result["capped"] = run(cache={"name": "capped_static", "max_positions": 64})
+result["capped_refused"] = error(cache={"name": "capped_static", "max_positions": 8})
 # a pipeline file selects the third-party component by name, and names the model
 import pathlib, tempfile
 toml = pathlib.Path(tempfile.mkdtemp()) / "ban.toml"
@@ -180,6 +188,37 @@ def test_bad_parameters_are_config_errors_naming_the_component(results: dict[str
         "ConfigError: logits_processor 'ban_tokens': unexpected 'tokens' (did you mean "
         "'token_ids'?); accepts token_ids; needs token_ids"
     )
+
+
+def test_the_examples_drafter_and_cache_run_from_the_entry_point(results: dict[str, Any]) -> None:
+    """Speculation is exact on this float32 model: the drafter changes no token, and it
+    did draft; the composed cache gives the built-in's tokens and refuses past its cap."""
+    drafter = results["drafter"]
+    assert drafter["fast"] == drafter["plain"] and drafter["drafted"] > 0
+    assert results["capped"] == results["base"]
+    assert "max_positions" in (results["capped_refused"] or "")
+
+
+def test_the_cli_runs_the_examples_drafter_and_cache(
+    plugin_site: Path, tiny_model_dirs, tmp_path: Path
+) -> None:
+    """``ortgen bench`` (token-id prompts: the tiny model has no tokenizer) with the
+    installed drafter and cache gives the greedy tokens it gives without them."""
+    folder = str(tiny_model_dirs["llama"][1])
+    ids = tmp_path / "prompt.json"
+    ids.write_text(json.dumps(PROMPTS[0]))
+    common = ["-m", "ortgen.cli", "bench", "-m", folder, "--threads", "1", "--no-quality", "--json",
+              "--new-tokens", "12", "--prompt-ids", str(ids)]  # fmt: skip
+    runs = {
+        name: json.loads(_run(plugin_site, *common, *extra))
+        for name, extra in {
+            "plain": [],
+            "drafter": ["--drafter", "repeat_token:min_run=1"],
+            "cache": ["--cache", "capped_static:max_positions=64"],
+        }.items()
+    }
+    assert runs["drafter"]["greedy_tokens"] == runs["plain"]["greedy_tokens"]
+    assert runs["cache"]["greedy_tokens"] == runs["plain"]["greedy_tokens"]
 
 
 def test_a_pipeline_file_selects_the_third_party_component(results: dict[str, Any]) -> None:
