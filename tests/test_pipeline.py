@@ -59,6 +59,25 @@ def test_a_pipeline_file_is_the_pipeline_layer(tiny_llama_gen, tmp_path):
     assert sources["temperature"] == "pipeline" and sources["seed"] == "call"
 
 
+def test_a_drafter_table_is_a_component_like_the_others(tiny_llama_gen, tmp_path):
+    """``[drafter]`` (every setting that names a component is a table of its own): the
+    request drafts with it, and a parameter the drafter does not take is named."""
+    from tests.test_speculative import PROMPTS as REPEATING
+
+    text = '[generation]\nmax_new_tokens = 40\n[drafter]\nname = "prompt_lookup"\n'
+    path = write(tmp_path, text + "num_tokens = 3\n")
+    assert load_pipeline(path).settings["drafter"] == {"name": "prompt_lookup", "num_tokens": 3}
+    drafted = 0
+    for prompt in REPEATING:
+        out = tiny_llama_gen.generate(prompt, pipeline=path, eos_token_id=None)
+        plain = tiny_llama_gen.generate(prompt, max_new_tokens=40, eos_token_id=None)
+        assert out.tokens == plain.tokens
+        drafted += int(out.stats["drafted"])
+    assert drafted > 0
+    with pytest.raises(ortgen.ConfigError, match=r"drafter \(prompt_lookup\): unexpected 'bogus'"):
+        load_pipeline(write(tmp_path, text + "bogus = 3\n", "bad.toml"))
+
+
 def test_load_with_a_pipeline_takes_its_model_and_layer(tiny_model_dirs, tmp_path):
     onnx_dir = tiny_model_dirs["llama"][1]
     path = write(tmp_path, f'model = "{onnx_dir}"\n' + GOOD.replace("eos_token_id = []\n", ""))

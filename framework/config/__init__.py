@@ -12,6 +12,8 @@ remembers which layer set it, so ``ortgen config show`` can say why a value is w
 """
 
 from .fields import (
+    COMPONENT_KINDS,
+    COMPONENT_LISTS,
     DEFAULTS,
     FIELDS,
     IGNORED_HF_FIELDS,
@@ -22,6 +24,8 @@ from .fields import (
 from .layers import LAYERS, Resolved, model_layers, resolve
 
 __all__ = [
+    "COMPONENT_KINDS",
+    "COMPONENT_LISTS",
     "DEFAULTS",
     "FIELDS",
     "IGNORED_HF_FIELDS",

@@ -198,3 +198,16 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {k: _jsonable(v) for k, v in value.items()}
     return value
+
+
+#: The settings that name components, and the registry kind each names; the list-valued
+#: ones hold several (``[[logits_processors]]``). The server's checks, pipeline files and
+#: the request builder read this one table.
+COMPONENT_KINDS = {
+    "sampler": "sampler",
+    "cache": "kv_cache",
+    "drafter": "drafter",
+    "logits_processors": "logits_processor",
+    "stopping_criteria": "stopping_criterion",
+}
+COMPONENT_LISTS = frozenset({"logits_processors", "stopping_criteria"})

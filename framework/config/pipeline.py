@@ -49,18 +49,19 @@ from ..errors import ConfigError
 from ..plugin_host.registry import Registry, did_you_mean
 from ..structured.check import check_constraint
 from ..structured.settings import CONSTRAINT_FIELDS, constraint
-from .fields import FIELDS, IGNORED_HF_FIELDS, UNSUPPORTED_HF_FIELDS
+from .fields import (
+    COMPONENT_KINDS,
+    COMPONENT_LISTS,
+    FIELDS,
+    IGNORED_HF_FIELDS,
+    UNSUPPORTED_HF_FIELDS,
+)
 from .layers import resolve
 
 __all__ = ["Pipeline", "RunOptions", "load_pipeline"]
 
 #: Component tables: TOML key -> (registry kind, one component or a list)
-_COMPONENTS = {
-    "sampler": ("sampler", False),
-    "cache": ("kv_cache", False),
-    "logits_processors": ("logits_processor", True),
-    "stopping_criteria": ("stopping_criterion", True),
-}
+_COMPONENTS = {key: (kind, key in COMPONENT_LISTS) for key, kind in COMPONENT_KINDS.items()}
 _TOP_LEVEL = ("model", "generation", "plugins", "run", "output", *_COMPONENTS)
 _OUTPUT_KEYS = ("json_schema", "json_object")
 _RUN_DEFAULTS: dict[str, Any] = {

@@ -5,20 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..config.fields import COMPONENT_KINDS
 from ..config.values import normalise
 from ..errors import Problem
 
 if TYPE_CHECKING:
     from ..plugin_host.registry import Registry
-
-#: the settings that name components, and the registry kind each names
-COMPONENT_KINDS = {
-    "sampler": "sampler",
-    "cache": "kv_cache",
-    "drafter": "drafter",
-    "logits_processors": "logits_processor",
-    "stopping_criteria": "stopping_criterion",
-}
 
 
 def component_problems(
