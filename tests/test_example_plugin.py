@@ -224,3 +224,49 @@ def test_the_cli_runs_the_examples_drafter_and_cache(
 def test_a_pipeline_file_selects_the_third_party_component(results: dict[str, Any]) -> None:
     assert results["pipeline"] == results["ban"]["tokens"]
     assert results["pipeline"] != results["base"]["tokens"]
+
+
+SERVER_SCRIPT = r"""
+import json, sys
+import ortgen
+from starlette.testclient import TestClient
+from ortgen.serve.app import build_app
+from ortgen.serve.engine import Engine
+from ortgen.serve.model_pool import ModelPool, ServedModel
+from ortgen.serve.state import ServerState
+
+gen = ortgen.load(sys.argv[1], threads=1)  # the example comes from its entry point
+engine = Engine(gen, max_batch=2, max_queue=4)
+state = ServerState(ModelPool.single(ServedModel("tiny", gen, engine)))
+body = {"model": "tiny", "prompt": "abcabcabc", "max_tokens": 12, "temperature": 0}
+with TestClient(build_app(state)) as client:
+    def ask(**extra):
+        answer = client.post("/v1/completions", json={**body, **extra})
+        return answer.status_code, answer.json()
+    plain = ask()
+    first = gen.tokenizer.encode(plain[1]["choices"][0]["text"], add_special_tokens=False)[0]
+    print(json.dumps({
+        "plain": plain,
+        "drafter": ask(drafter={"name": "repeat_token", "min_run": 1}),
+        "banned": first,
+        "ban": ask(logits_processors=[{"name": "ban_tokens", "token_ids": [first]}]),
+        "bad": ask(drafter={"name": "repeat_token", "min_run": 0}),
+    }))
+"""
+
+
+def test_the_server_runs_the_examples_components(plugin_site: Path, tiny_text_model) -> None:
+    """An OpenAI request to ``ortgen serve``'s app names the installed drafter and
+    processor in its extra fields: the drafter changes no text (exact on this float32
+    model), the processor bans what it is told, a bad parameter is a 400 naming it."""
+    got = json.loads(_run(plugin_site, "-c", SERVER_SCRIPT, str(tiny_text_model)))
+    status, plain = got["plain"]
+    assert status == 200
+    status, drafted = got["drafter"]
+    assert status == 200
+    assert drafted["choices"][0]["text"] == plain["choices"][0]["text"]
+    status, banned = got["ban"]
+    assert status == 200 and banned["choices"][0]["text"] != plain["choices"][0]["text"]
+    status, bad = got["bad"]
+    assert status == 400 and bad["error"]["param"] == "drafter", bad
+    assert "min_run" in bad["error"]["message"]
