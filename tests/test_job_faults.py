@@ -356,13 +356,18 @@ def test_a_device_is_not_an_output(tiny_llama_gen, tmp_path):
 def test_a_signal_mid_job_stops_it_cleanly_and_a_rerun_resumes(
     tiny_model_dirs, tiny_llama_gen, tmp_path, sig, code
 ):
-    """Rows of 64 tokens: the whole job takes ~30 s alone, so the signal lands mid-job
-    even when a loaded machine starves this test's polling for seconds (with 16 tokens
-    a CI run under load once saw the 400 rows finish before the signal was sent)."""
+    """The job starts with SIGINT's default action whatever this test process inherited:
+    a shell that starts a command in the background without job control (CI scripts,
+    ``cmd &``) makes it ignore SIGINT, a child inherits that, and Python then installs no
+    KeyboardInterrupt handler, so the job would run to its end (seen twice in CI runs).
+    Rows of 64 tokens keep the job running well past the signal."""
     source = write_jsonl(tmp_path / "rows.jsonl", LONG)
     out = tmp_path / "out.jsonl"
     args = job_args(tmp_path, tiny_model_dirs["llama"][1], source, out, tokens=64)
-    job = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
     wait_for_lines(job, out, 5)
     job.send_signal(sig)
     _, stderr = job.communicate(timeout=60)

@@ -276,7 +276,10 @@ def kill_then_rerun(
     the stopped job wrote, and the first ``checked`` rows have the tokens ``generate``
     gives. A signal the job can handle (SIGTERM, SIGINT) must stop it cleanly: exit
     128 + the signal, its message, and its output's lock let go."""
-    job = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    job = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # see test_job_faults
+    )  # fmt: skip
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline and job.poll() is None:
         if out.exists() and out.read_bytes().count(b"\n") >= after_lines:
