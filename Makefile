@@ -13,7 +13,7 @@ run: default-model
 
 # ruff (lint and format) and the type checker first (the import contract runs inside
 # the tests: tests/test_layers.py), then the suite on every core: pytest-xdist, a test file
-# to one worker (its module fixtures, e.g. a server, start once). ~8 min on 2 cores
+# to one worker (its module fixtures, e.g. a server, start once). ~7 min on 2 cores
 # (11.6 min on one): docs/cli.md says what it covers.
 test: default-model
 	$(BIN)/ruff check .
