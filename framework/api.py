@@ -437,7 +437,8 @@ def _check_padding_id(config: config_mod.GenerationConfig, vocab: int | None) ->
     pad = config.padding_id
     if vocab and pad >= vocab:
         setting = "pad_token_id" if config.pad_token_id is not None else "eos_token_id"
-        raise ConfigError(
+        message = (
             f"{setting}={pad} is outside the vocabulary [0, {vocab}): padded and finished "
             "rows feed the padding id to the model"
         )
+        raise ConfigError(message, problems=[(setting, message)])

@@ -115,6 +115,12 @@ def test_errors_carry_their_field(gen):
         gen.resolve_config({"top_p": 2, "tempreature": 1, "max_new_tokens": 0})
     fields = [field for field, _ in caught.value.problems]
     assert fields == ["tempreature", "max_new_tokens", "top_p"], caught.value.problems
+    with pytest.raises(ConfigError) as caught:  # from the model's facts, not the layers
+        gen.generate("ab", max_new_tokens=2, pad_token_id=10**6)
+    assert caught.value.field == "pad_token_id"
+    with pytest.raises(ConfigError) as caught:  # a factory's refusal, tied to its setting
+        gen.generate("ab", max_new_tokens=2, logit_bias={10**6: 1.0})
+    assert caught.value.field == "logit_bias"
     with pytest.raises(InputError) as caught_input:
         gen.chat([{"role": "user", "content": [{"type": "image_url"}]}])
     assert caught_input.value.field == "messages[0].content[0]"

@@ -13,28 +13,13 @@ if TYPE_CHECKING:
     from ..plugin_host.registry import Registry
 
 
-def component_problems(
-    registry: Registry, settings: Mapping[str, Any], vocab_size: int | None
-) -> list[Problem]:
-    """Unknown component names, parameters their factories do not take or need, and
-    ``logit_bias`` ids outside the vocabulary (the processor would index past the logits),
-    each as ``(setting, message)``. Values of the wrong shape are left to
-    ``resolve_config``, which names them."""
+def component_problems(registry: Registry, settings: Mapping[str, Any]) -> list[Problem]:
+    """Unknown component names, and parameters their factories do not take or need, each
+    as ``(setting, message)``, before any factory runs. Values of the wrong shape are
+    left to ``resolve_config``, which names them; values a factory refuses (``logit_bias``
+    ids outside the vocabulary, say) to the factory, whose error ``build_chain`` ties to
+    the setting that asked for it."""
     found: list[Problem] = []
-    bias = settings.get("logit_bias")
-    if bias and vocab_size:
-        try:
-            outside = sorted(t for t in normalise("logit_bias", bias) if t >= vocab_size)
-        except TypeError:
-            outside = []
-        if outside:
-            found.append(
-                (
-                    "logit_bias",
-                    f"logit_bias names token ids outside the vocabulary [0, {vocab_size}): "
-                    f"{outside[:5]}",
-                )
-            )
     for key, kind in COMPONENT_KINDS.items():
         if settings.get(key) is None:
             continue

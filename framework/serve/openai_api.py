@@ -222,7 +222,7 @@ def check_row(engine: Engine, gen: TextGenerator, row: Row, request: ParsedReque
         config = engine.check(row.prompt, row.settings)
     except OrtgenError as exc:
         raise request_error(exc, request.names, prompt=request.prompt_field) from None
-    problems = component_problems(gen.registry, row.settings, gen.model.signature.vocab_size)
+    problems = component_problems(gen.registry, row.settings)
     if problems:
         field, message = problems[0]
         raise RequestError(message, param=request.names.get(field or "", field))
