@@ -188,22 +188,18 @@ class Admission(StepFields):
         next_ids, scores = picked
         token = int(next_ids[0])
         self.rows.ids[row, end] = token
-        dense = scoring.dense(scores)
         if self.record.wanted[row]:
             self.record.reserve(self.rows.ids.shape[1])
-            self.record.record_row(end, row, token, dense)
-        tokens: list[list[int]] = [[] for _ in range(self.batch_size)]
-        tokens[row] = [token]
-        self._advance(tokens, failed)
-        if forced[0] >= 0 and queue:
-            queue.pop(0)
-        self._refresh_forced([row], failed)
-        text = self.rows.texts[row]
-        stopped = text is not None and text.push(token)
-        so_far = self.rows.ids[row : row + 1, pad : end + 1]
-        self._isolated(rows, failed, partial(self._stop_group, rows, chain, so_far, dense))
-        if stopped:
-            self.finish(row, "stop_string")
+            self.record.record_row(end, row, token, scoring.dense(scores))
+        # the rest through the step's own code, for this row alone
+        column = np.full(self.batch_size, self.pad_token_id, dtype=np.int64)
+        column[row] = token
+        active = np.zeros(self.batch_size, dtype=bool)
+        active[row] = True
+        self._settle(column, active, scores, failed, only=(row,))
+        used = np.full(self.batch_size, -1, dtype=np.int64)
+        used[row] = forced[0]
+        self._take_forced(used, failed, rows=[row])
 
     def _slots(self) -> RowSlots:
         """The cache's ``RowSlots`` capability (``open()`` checked that it has it)."""

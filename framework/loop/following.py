@@ -221,15 +221,18 @@ class Following(StepFields):
                 f"{self.steps}, where token {int(forced[row])} was certain (a point mass)"
             )
 
-    def _take_forced(self, forced: np.ndarray | None, failed: list) -> None:
-        """Drop the forced tokens this step used, and ask for more where they ran out."""
+    def _take_forced(
+        self, forced: np.ndarray | None, failed: list, rows: Sequence[int] | None = None
+    ) -> None:
+        """Drop the forced tokens this step used, and ask for more where they ran out
+        (``rows``: a joining row alone; None: every row)."""
         if not self._forcing:
             return
         if forced is not None:
             for row in np.flatnonzero(forced >= 0).tolist():
                 if self.rows.forced[row]:
                     self.rows.forced[row].pop(0)
-        self._refresh_forced(range(self.batch_size), failed)
+        self._refresh_forced(range(self.batch_size) if rows is None else rows, failed)
 
     def _reset_forced(self) -> None:
         """Forget every queue (the rows changed under it) and ask again."""

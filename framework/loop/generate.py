@@ -272,17 +272,32 @@ class Generation(Feeding, Following, Picking, Speculating, Continuing, Admission
             self.record.reserve(self.rows.ids.shape[1])
             self.record.record(self.length, next_ids, logits, scoring.dense(scores))
         self._append_column(next_ids)
-        self._advance_column(next_ids, active, failed)
-        stopped = self._push_text(next_ids, active)
-        self._stop(scores, failed)
-        for row in stopped:  # after the criteria: an EOS in the same step keeps its reason
-            self.finish(row, "stop_string")
+        self._settle(next_ids, active, scores, failed)
         if search is not None and search.done:
             for row in np.flatnonzero(self.rows.unfinished).tolist():
                 self.finish(row, "search_done")
         self.steps += 1
         self._take_forced(forced, failed)
         return next_ids
+
+    def _settle(
+        self,
+        next_ids: np.ndarray,
+        active: np.ndarray,
+        scores: np.ndarray | Candidates,
+        failed: list[ComponentError],
+        only: Sequence[int] | None = None,
+    ) -> None:
+        """What follows every picked token, for a step's column and for a joining row's
+        first token alike (``admission.py``), so each per-token rule lives here once:
+        followers told, each row's text grown, the stopping criteria, the stop strings.
+        ``active``: the rows that got a token; ``only``: those rows when they are a
+        joining row alone (``scores`` then its own (1, V) row), None for a whole step."""
+        self._advance_column(next_ids, active, failed)
+        stopped = self._push_text(next_ids, active)
+        self._stop(scores, failed, only)
+        for row in stopped:  # after the criteria: an EOS in the same step keeps its reason
+            self.finish(row, "stop_string")
 
     def _finish_step(self, failed: list[ComponentError]) -> None:
         """After a step's tokens: work for the next step started, prefixes remembered

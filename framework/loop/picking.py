@@ -11,7 +11,7 @@ library and the server.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -112,11 +112,25 @@ class Picking(StepFields):
         batch, vocab = scores.shape
         return check_ids(chain.sampler[0], next_ids, batch, vocab, self.steps)
 
-    def _stop(self, scores: np.ndarray | Candidates, failed: list[ComponentError]) -> None:
+    def _stop(
+        self,
+        scores: np.ndarray | Candidates,
+        failed: list[ComponentError],
+        only: Sequence[int] | None = None,
+    ) -> None:
         """Each settings group's stopping criteria. Scores that were left as Candidates
         are made dense only when a criterion reads them (``Chain.stop_reads_scores``:
-        one without ``uses_scores = False``); the others get None."""
+        one without ``uses_scores = False``); the others get None. ``only``: a joining
+        row alone (its group is its own, ``scores`` its (1, V) row)."""
         input_ids = self.sequences
+        if only is not None:
+            for rows, chain in self._groups:
+                if rows is not None and int(rows[0]) in only and not self._has_failed(rows):
+                    ids, _ = self._group_view(rows, chain, input_ids, None)
+                    dense_row = scoring.dense(scores)
+                    stop = partial(self._stop_group, rows, chain, ids, dense_row)
+                    self._isolated(rows, failed, stop)
+            return
         dense: np.ndarray | None
         if isinstance(scores, Candidates):
             read = any(chain.stop_reads_scores for _, chain in self._groups)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 import numpy as np
 
 if TYPE_CHECKING:
+    from ..errors import ComponentError
     from ..model.session import ExportedModel, ForwardBinding
     from ..protocols.candidates import Candidates
     from ..text import Tokenizer
@@ -117,6 +118,17 @@ class StepFields:
             self, name: str, method: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs
         ) -> _R: ...
         def _advance(self, tokens: list[list[int]], failed: list | None = None) -> None: ...
+        def _settle(
+            self,
+            next_ids: np.ndarray,
+            active: np.ndarray,
+            scores: np.ndarray | Candidates,
+            failed: list[ComponentError],
+            only: Sequence[int] | None = None,
+        ) -> None: ...
+        def _take_forced(
+            self, forced: np.ndarray | None, failed: list, rows: Sequence[int] | None = None
+        ) -> None: ...
         def _rewind_followers(self, new_length: int) -> None: ...
         def _refresh_forced(self, rows: Any, failed: list) -> None: ...
         def _reset_forced(self) -> None: ...
