@@ -376,7 +376,7 @@ class TextGenerator:
         if not config.cache:
             return False
         entry = self.registry.get("kv_cache", config.cache["name"])
-        factory = entry.factory
+        factory: object = entry.factory  # object: isinstance narrows it, so mypy checks the call
         return isinstance(factory, LiftsContext) and factory.lifts_context(self.model.signature)
 
 
