@@ -33,17 +33,15 @@ from __future__ import annotations
 import difflib
 import inspect
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..api import TextGenerator
 from ..errors import ComponentError
-from ..plugin_host.hookspecs import Register, hookimpl
 from .fake_model import FakeModel
+from .stand_in import generator_with
 
 if TYPE_CHECKING:
-    from ..model.session import ExportedModel
     from ..request.outputs import GenerationOutput
 
 #: a prompt with repeats (an n-gram drafter finds earlier matches in it), and another
@@ -59,17 +57,6 @@ _SCENARIOS: dict[str, tuple[list[int], dict[str, Any]]] = {
     "short": (_REPEATING, {"max_new_tokens": 3, "do_sample": False}),
     "eos": (_OTHER, {"max_new_tokens": 24, "do_sample": False, "repetition_penalty": 0.3}),
 }
-
-
-class _Plugin:
-    """Registers the recording factory, as a plugin package would."""
-
-    def __init__(self, name: str, factory: Callable[..., Any]) -> None:
-        self.name, self.factory = name, factory
-
-    @hookimpl
-    def register_drafters(self, register: Register) -> None:
-        register(self.name, self.factory)
 
 
 class _Recorder:
@@ -149,8 +136,7 @@ def check_drafter(
     model = model or FakeModel(layout="shared")
     vocab = model.signature.vocab_size
     recording = _RecordingFactory(factory, name, vocab)
-    stand_in = cast("ExportedModel", model)  # it has what the loop uses of one
-    gen = TextGenerator(model.path, model=stand_in, plugins=[_Plugin(name, recording)])
+    gen = generator_with(model, "drafter", name, recording)
     spec = {"name": name, **(params or {})}
     report = {}
     for scenario, (prompt, settings) in _SCENARIOS.items():

@@ -38,18 +38,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..api import TextGenerator
 from ..errors import ComponentError, InputError
-from ..plugin_host.hookspecs import Register, hookimpl
 from ..protocols import ForksCache, KVCache, SelectsRow
 from .fake_model import LAYOUTS, FakeModel
+from .stand_in import generator_with
 
 if TYPE_CHECKING:
-    from ..model.session import ExportedModel
+    pass
 
 #: the built-in cache each graph family's scenarios are compared with
 REFERENCE = {"concat": "dynamic", "shared": "static"}
@@ -76,17 +76,6 @@ class _Plan:
     prompts: list[list[int]]
     append_rows: int  # rows the ``append`` scenario continues
     note: str = ""  # what the cache could not be checked on, and why
-
-
-class _Plugin:
-    """Registers the factory under test, as a plugin package would."""
-
-    def __init__(self, name: str, factory: Callable[..., Any]) -> None:
-        self.name, self.factory = name, factory
-
-    @hookimpl
-    def register_kv_caches(self, register: Register) -> None:
-        register(self.name, self.factory)
 
 
 def check_kv_cache(
@@ -132,8 +121,7 @@ def _check_layout(
     exact: bool,
 ) -> dict[str, str]:
     layout = model.signature.kv_layout
-    stand_in = cast("ExportedModel", model)  # it has what the loop uses of one
-    gen = TextGenerator(model.path, model=stand_in, plugins=[_Plugin(name, factory)])
+    gen = generator_with(model, "kv_cache", name, factory)
     spec = {"name": name, **(params or {})}
     reference = REFERENCE[layout]
     plan = _plan(gen, spec, name, layout)
