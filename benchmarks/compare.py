@@ -276,6 +276,16 @@ def ortgen_has_bench(main_py: Path) -> bool:
     return done.returncode == 0 and "--prompt-ids" in done.stdout
 
 
+def write_results(out: Path, meta: dict, rows: list[dict], runs: list, table: str) -> None:
+    """The side-by-side run as JSON (``meta``, ``summary``, ``runs``) and its table as
+    Markdown beside it, and the table on stdout (the caller logs where they went)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "summary": rows, "runs": runs}, indent=1))
+    out.with_suffix(".md").write_text(table)
+    print()
+    print(table)
+
+
 def versions(python: Path) -> dict[str, str]:
     """Installed versions of the packages that matter, as that interpreter sees them."""
     code = (
@@ -750,12 +760,7 @@ def main() -> None:
             "peers": versions(PEERS_PY),
         },
     }
-    table = markdown(rows, meta)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "summary": rows, "runs": runs}, indent=1))
-    out.with_suffix(".md").write_text(table)
-    print()
-    print(table)
+    write_results(out, meta, rows, runs, markdown(rows, meta))
     log(f"written {out} and {out.with_suffix('.md')}")
     if args.chart and rows:
         chart(rows, meta, Path(args.chart))

@@ -903,12 +903,7 @@ def main() -> None:
     }
     report = {"meta": meta, "files": files}
     rows = summarise(built, report, runs)
-    table = markdown(rows, meta)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "summary": rows, "runs": runs}, indent=1))
-    out.with_suffix(".md").write_text(table)
-    print()
-    print(table)
+    compare.write_results(out, meta, rows, runs, markdown(rows, meta))
     log(f"written {out} and {out.with_suffix('.md')}")
 
 
