@@ -27,6 +27,7 @@ from .errors import (
     PluginError,
 )
 from .plugin_host.hookspecs import (
+    ChatFormatFactory,
     DrafterFactory,
     KVCacheFactory,
     LogitsProcessorFactory,
@@ -69,6 +70,14 @@ from .protocols import (
     WorksOnCandidates,
 )
 from .protocols.candidates import Candidates, best_first
+from .protocols.chat_formats import (
+    CallDraft,
+    ChatFormat,
+    MarksReasoning,
+    ParsedAnswer,
+    TemplateProbe,
+    ToolSpec,
+)
 from .structured.check import check_grammar, grammar_text
 from .version import __version__
 
@@ -131,7 +140,10 @@ __all__ = [
     "Admitted",
     "BeamsPerPrompt",
     "BelongsToGraph",
+    "CallDraft",
     "Candidates",
+    "ChatFormat",
+    "ChatFormatFactory",
     "ChecksDrafts",
     "ComponentError",
     "ConfigError",
@@ -157,12 +169,14 @@ __all__ = [
     "LimitsFeed",
     "LogitsProcessor",
     "LogitsProcessorFactory",
+    "MarksReasoning",
     "ModelLoadError",
     "NamesFinishReason",
     "NoTokenLeft",
     "OrtgenError",
     "OutputError",
     "OwnsPresents",
+    "ParsedAnswer",
     "PluginError",
     "PreparesAhead",
     "Register",
@@ -180,7 +194,9 @@ __all__ = [
     "StoppingCriterion",
     "StoppingCriterionFactory",
     "StreamPiece",
+    "TemplateProbe",
     "TextGenerator",
+    "ToolSpec",
     "WorksOnCandidates",
     "__version__",
     "best_first",

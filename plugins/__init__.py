@@ -20,4 +20,6 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "ortgen.plugins.kv_slots",
     "ortgen.plugins.drafters",
     "ortgen.plugins.draft_model",
+    "ortgen.plugins.chat_formats",
+    "ortgen.plugins.thinking",
 )

@@ -97,17 +97,22 @@ def build_tiny_hf(arch: str, dest: Path, *, seed: int = 0, with_tokenizer: bool 
     return dest
 
 
-def save_tiny_tokenizer(dest: Path) -> Path:
+def save_tiny_tokenizer(
+    dest: Path, *, special_tokens: tuple[str, ...] = (), template: str | None = None
+) -> Path:
     """Save a character-level tokenizer covering exactly the tiny vocabulary to ``dest``.
 
     Ids: 0 <pad>, 1 <s> (bos), 2 </s> (eos), 3 <unk>, then printable ASCII, newline and
-    tab (one token per character), then ``<extra_N>`` up to id 255, so every id a tiny
-    model can emit decodes to something. It has a small chat template.
+    tab (one token per character), then ``special_tokens`` (each one token, matched
+    before the characters, as a model's added tokens are), then ``<extra_N>`` up to id
+    255, so every id a tiny model can emit decodes to something. It has a small chat
+    template unless ``template`` is given.
     """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     tokens = ["<pad>", "<s>", "</s>", "<unk>", *map(chr, range(32, 127)), "\n", "\t"]
+    tokens += [t for t in special_tokens if t not in tokens]
     tokens += [f"<extra_{i}>" for i in range(VOCAB_SIZE - len(tokens))]
     backend = Tokenizer(models.WordLevel({t: i for i, t in enumerate(tokens)}, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
@@ -116,7 +121,12 @@ def save_tiny_tokenizer(dest: Path) -> Path:
         tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
         unk_token="<unk>", clean_up_tokenization_spaces=False,
     )  # fmt: skip
-    tokenizer.chat_template = (
+    if special_tokens:  # one token each, never split into characters (special=False, as
+        # Qwen's <think> and <tool_call>: they decode as text)
+        from tokenizers import AddedToken
+
+        tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in special_tokens])
+    tokenizer.chat_template = template or (
         "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>\n{% endfor %}"
         "{% if add_generation_prompt %}<s>assistant: {% endif %}"
     )
@@ -198,3 +208,50 @@ def hf_greedy(hf: Any, prompt: list[int], new: int) -> list[int]:
             pad_token_id=PAD_ID,
         )  # fmt: skip
     return out[0, len(prompt) :].tolist()
+
+
+def export_chat_family(
+    root: Path,
+    name: str,
+    template: str,
+    *,
+    special_tokens: tuple[str, ...] = (),
+    eos: str = "</s>",
+    arch: str = "qwen2",
+    max_positions: int = 4096,
+    seed: int = 0,
+) -> Path:
+    """A tiny random ``arch`` model speaking one model family's chat format: the
+    character tokenizer with ``special_tokens`` (``<|im_start|>``, ``<think>``, ...) as
+    single tokens in the ``<extra_N>`` slots, ``template`` as its chat template, ``eos``
+    (one of them, or ``</s>``) as its end of sequence, and a context of ``max_positions``
+    (a family's tool prompt is long in characters). Exported at fp32 to
+    ``root/name-onnx``; returns that folder. For the chat-format tests: only the
+    grammar makes a random model's calls well-formed, which is what they check.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from ortgen.export import Variant, export_model
+
+    root = Path(root)
+    hf = root / f"{name}-hf"
+    tokenizer = save_tiny_tokenizer(hf, special_tokens=special_tokens, template=template)
+    eos_id = _token_id(tokenizer, eos)
+    config = _config(arch)
+    config.max_position_embeddings = max_positions
+    config.eos_token_id = eos_id
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    model.save_pretrained(hf, safe_serialization=True)
+    GenerationConfig(bos_token_id=BOS_ID, eos_token_id=eos_id, pad_token_id=PAD_ID).save_pretrained(
+        hf
+    )
+    out = root / f"{name}-onnx"
+    variant = Variant(graph="optimum", precision="fp32")
+    return export_model(hf, out, variant=variant, progress=lambda _msg: None, overwrite=True)
+
+
+def _token_id(folder: Path, token: str) -> int:
+    vocab = json.loads((Path(folder) / "tokenizer.json").read_text())["model"]["vocab"]
+    return int(vocab[token])

@@ -1,4 +1,4 @@
-"""The plugin contract: pluggy markers and the five registration hooks.
+"""The plugin contract: pluggy markers and the six registration hooks.
 
 Each hook is called once, when a plugin manager is built, with a ``register``
 callback. A plugin declares named factories through it; pluggy is never called
@@ -23,6 +23,7 @@ from typing import Protocol, TypeVar
 import pluggy
 
 from ..protocols import Drafter, KVCache, LogitsProcessor, Sampler, StoppingCriterion
+from ..protocols.chat_formats import ChatFormat
 
 PROJECT_NAME = "ortgen"
 
@@ -36,6 +37,7 @@ SamplerFactory = Callable[..., Sampler]
 StoppingCriterionFactory = Callable[..., StoppingCriterion]
 KVCacheFactory = Callable[..., KVCache]
 DrafterFactory = Callable[..., Drafter]
+ChatFormatFactory = Callable[..., ChatFormat]
 
 Factory = TypeVar("Factory", contravariant=True)
 
@@ -89,3 +91,12 @@ def register_kv_caches(register: Register[KVCacheFactory]) -> None:
 def register_drafters(register: Register[DrafterFactory]) -> None:
     """Register drafter factories (speculative decoding, see :class:`ortgen.Drafter`): a
     drafter proposes the next tokens of a row, and one forward verifies them."""
+
+
+@hookspec
+def register_chat_formats(register: Register[ChatFormatFactory]) -> None:
+    """Register chat formats (see :class:`ortgen.ChatFormat` and docs/chat-formats.md): how
+    a model family writes tool calls, the grammar that keeps them whole, and how to read
+    them back. A request names one with the ``chat_format`` setting, or gets the first
+    whose ``recognizes`` accepts the model's template. Factories take no parameters of
+    the request (``ctx`` is not given): a format is built once per model."""

@@ -23,6 +23,7 @@ KINDS: dict[str, str] = {
     "stopping_criterion": "register_stopping_criteria",
     "kv_cache": "register_kv_caches",
     "drafter": "register_drafters",
+    "chat_format": "register_chat_formats",
 }
 
 

@@ -1,0 +1,109 @@
+"""``hermes``: calls as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
+
+Qwen2.5, Qwen3, SmolLM3 and the Hermes models (NousResearch's format, which they all
+took): the template renders ``tools`` itself (a system block listing them inside
+``<tools></tools>``) and the model answers with text, calls, or text then calls, each
+call on its own inside the tags. The grammar writes exactly that: ``auto`` allows text
+with no ``<tool_call>`` in it, optionally followed by calls; ``required`` and a named
+function allow calls only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from ortgen import CallDraft, ParsedAnswer, TemplateProbe, ToolSpec
+from ortgen.chat_formats import call_schema, held_back, json_grammar, json_value_end
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
+
+
+class HermesFormat:
+    """See module doc."""
+
+    def recognizes(self, probe: TemplateProbe) -> bool:
+        return OPEN in (probe.with_call or "") or OPEN in probe.source
+
+    def prompt_messages(
+        self,
+        messages: list[dict[str, Any]],
+        spec: ToolSpec | None,
+        *,
+        template_renders_tools: bool,
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        tools = [dict(t) for t in spec.tools] if spec is not None else None
+        return messages, tools
+
+    def answer_grammar(self, spec: ToolSpec) -> str:
+        body = json_grammar(call_schema(spec.functions))
+        more = f' ("\\n" call)~0..{spec.max_calls - 1}' if spec.max_calls > 1 else ""
+        start = "calls" if spec.calls_only else "TEXT | TEXT? calls"
+        return "\n".join(
+            [
+                f"start: {start}",
+                f"calls: call{more}",
+                f'call: "{OPEN}\\n" body "\\n{CLOSE}"',
+                f"body: {body}",
+                r"TEXT: /(?s:.+)/ & ~/(?s:.*<tool_call>.*)/",
+            ]
+        )
+
+    def parse(self, text: str, *, final: bool) -> ParsedAnswer:
+        start = text.find(OPEN)
+        head = text if start < 0 else text[:start]
+        if start < 0 and not final:
+            head = head[: len(head) - held_back(head, [OPEN])]
+        content = head.strip()  # a stream holds back trailing whitespace until text follows
+        calls = [] if start < 0 else _calls(text[start:], final)
+        return ParsedAnswer(content, calls)
+
+
+def _calls(text: str, final: bool) -> list[CallDraft]:
+    """The calls of ``text`` (which starts with ``<tool_call>``), the last maybe cut."""
+    calls = []
+    for chunk in text.split(OPEN)[1:]:
+        body, closed, _ = chunk.partition(CLOSE)
+        calls.append(_call(body, whole=bool(closed)))
+    return calls
+
+
+def _call(body: str, *, whole: bool) -> CallDraft:
+    """One call's body as far as written: the name once it is whole, then the arguments
+    as written (the raw JSON text, so what a stream sent is what the reply holds)."""
+    named = _NAME.match(body)
+    if named is None:  # not the grammar's key order, or not yet at the arguments
+        if whole:
+            return _loose(body)
+        return CallDraft(None)
+    name = json.loads(f'"{named.group(1)}"')
+    start = named.end()
+    end = json_value_end(body, start)
+    if end is None:
+        return CallDraft(name, body[start:].rstrip(), False)
+    arguments = body[start:end].strip()
+    rest = body[end:].strip()
+    return CallDraft(name, arguments, whole and rest == "}" and _is_object(arguments))
+
+
+def _loose(body: str) -> CallDraft:
+    """A whole call written in another key order (no grammar held the model to ours)."""
+    try:
+        call = json.loads(body)
+    except ValueError:
+        return CallDraft(None)
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return CallDraft(None)
+    arguments = call.get("arguments", {})
+    if isinstance(arguments, str):
+        return CallDraft(call["name"], arguments, _is_object(arguments))
+    return CallDraft(call["name"], json.dumps(arguments, ensure_ascii=False), True)
+
+
+def _is_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False

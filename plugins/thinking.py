@@ -1,0 +1,1 @@
+"""Placeholder while the thinking-budget processor is written (replaced in this change)."""
