@@ -125,7 +125,8 @@ def save_tiny_tokenizer(
         # Qwen's <think> and <tool_call>: they decode as text)
         from tokenizers import AddedToken
 
-        tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in special_tokens])
+        added = [AddedToken(t, special=False, normalized=False) for t in special_tokens]
+        tokenizer.add_tokens(added)
     tokenizer.chat_template = template or (
         "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>\n{% endfor %}"
         "{% if add_generation_prompt %}<s>assistant: {% endif %}"

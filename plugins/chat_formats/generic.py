@@ -1,0 +1,217 @@
+"""``generic``: one JSON object, ``{"tool_calls": [...]}`` or ``{"response": "..."}``.
+
+For a template that knows no tools (SmolLM2's, and any format no other one recognises):
+llama.cpp's generic format. The tools are described in the system message and the whole
+answer is one JSON object, so a small model that has never seen tools still answers in
+a shape that can be read. Earlier calls and tool results in the conversation become the
+JSON the model wrote and ``tool_response`` messages (as ``user`` unless the template
+knows a ``tool`` role).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from ortgen import CallDraft, InputError, ParsedAnswer, TemplateProbe, ToolSpec
+from ortgen.chat_formats import call_schema, json_grammar, json_value_end
+
+_INSTRUCTIONS = (
+    "You can call the following tools to answer the user. Answer with one JSON object: "
+    'either {{"tool_calls": [{{"name": "<tool name>", "arguments": {{...}}}}]}} to call '
+    '{which}, or {{"response": "<your answer>"}} to answer directly.\n\nTools:\n{tools}'
+)
+_CALLS_ONLY = (
+    "You can call the following tools to answer the user. Answer with one JSON object "
+    'calling {which}: {{"tool_calls": [{{"name": "<tool name>", "arguments": {{...}}}}]}}'
+    "\n\nTools:\n{tools}"
+)
+_RESPONSE = re.compile(r'\s*\{\s*"response"\s*:\s*"')
+_CALLS = re.compile(r'\s*\{\s*"tool_calls"\s*:\s*\[\s*')
+_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
+
+
+class GenericFormat:
+    """See module doc."""
+
+    def recognizes(self, probe: TemplateProbe) -> bool:
+        return False  # the fallback: picked when no other format recognises a template
+
+    def prompt_messages(
+        self,
+        messages: list[dict[str, Any]],
+        spec: ToolSpec | None,
+        *,
+        template_renders_tools: bool,
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        conversation = _plain_history(messages)
+        if spec is None:
+            return conversation, None
+        listed = json.dumps(
+            [
+                {"name": t["function"]["name"], "parameters": spec.functions.get(
+                    t["function"]["name"], t["function"].get("parameters", {}))}
+                for t in spec.tools
+            ],
+            ensure_ascii=False,
+        )  # fmt: skip
+        which = f"the tool {spec.named!r}" if spec.named else "tools"
+        text = (_CALLS_ONLY if spec.calls_only else _INSTRUCTIONS).format(which=which, tools=listed)
+        return _with_system(conversation, text), None
+
+    def answer_grammar(self, spec: ToolSpec) -> str:
+        calls: dict[str, Any] = {
+            "type": "array",
+            "items": call_schema(spec.functions),
+            "minItems": 1,
+            "maxItems": spec.max_calls,
+        }
+        call_answer = {
+            "type": "object",
+            "properties": {"tool_calls": calls},
+            "required": ["tool_calls"],
+            "additionalProperties": False,
+        }
+        if spec.calls_only:
+            return f"start: {json_grammar(call_answer)}"
+        text_answer = {
+            "type": "object",
+            "properties": {"response": {"type": "string"}},
+            "required": ["response"],
+            "additionalProperties": False,
+        }
+        return f"start: {json_grammar({'anyOf': [call_answer, text_answer]})}"
+
+    def parse(self, text: str, *, final: bool) -> ParsedAnswer:
+        response = _RESPONSE.match(text)
+        if response is not None:
+            return ParsedAnswer(_string_prefix(text[response.end() :]))
+        listed = _CALLS.match(text)
+        if listed is not None:
+            return ParsedAnswer("", _calls(text, listed.end()))
+        if final and json_value_end(text) is None and not text.lstrip().startswith("{"):
+            return ParsedAnswer(text.strip())  # not this format's JSON: text as written
+        return ParsedAnswer("")
+
+
+def _string_prefix(body: str) -> str:
+    """The decoded part of a JSON string's body written so far (an escape cut in the
+    middle waits for its end; the closing quote ends it)."""
+    out: list[str] = []
+    index = 0
+    while index < len(body):
+        char = body[index]
+        if char == '"':
+            break
+        if char != "\\":
+            out.append(char)
+            index += 1
+            continue
+        escape = (
+            body[index : index + 6]
+            if body[index + 1 : index + 2] == "u"
+            else body[index : index + 2]
+        )
+        if len(escape) < 2 or (escape[1] == "u" and len(escape) < 6):
+            break
+        try:
+            out.append(json.loads(f'"{escape}"'))
+        except ValueError:
+            break
+        index += len(escape)
+    return "".join(out)
+
+
+def _calls(text: str, index: int) -> list[CallDraft]:
+    """The calls of the ``tool_calls`` list that starts at ``text[index]``."""
+    calls: list[CallDraft] = []
+    while index < len(text):
+        named = _NAME.match(text, index)
+        if named is None:
+            end = json_value_end(text, index)
+            if end is None:
+                break
+            calls.append(_loose(text[index:end]))
+        else:
+            start = named.end()
+            end = json_value_end(text, start)
+            if end is None:
+                calls.append(CallDraft(json.loads(f'"{named.group(1)}"'), text[start:].rstrip()))
+                break
+            closing = re.match(r"\s*\}", text[end:])
+            arguments = text[start:end].strip()
+            calls.append(
+                CallDraft(json.loads(f'"{named.group(1)}"'), arguments, closing is not None)
+            )
+            if closing is None:
+                break
+            end += closing.end()
+        following = re.match(r"\s*,\s*", text[end:])
+        if following is None:
+            break
+        index = end + following.end()
+    return calls
+
+
+def _loose(body: str) -> CallDraft:
+    call = json.loads(body)
+    if not isinstance(call, Mapping) or not isinstance(call.get("name"), str):
+        return CallDraft(None)
+    arguments = call.get("arguments", {})
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return CallDraft(call["name"], text, True)
+
+
+def _with_system(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    """``text`` at the end of the system message (a new one first if there is none)."""
+    if (
+        messages
+        and messages[0].get("role") == "system"
+        and isinstance(messages[0].get("content"), str)
+    ):
+        first = dict(messages[0])
+        first["content"] = f"{first['content']}\n\n{text}"
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
+
+
+def _plain_history(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A conversation with calls and tool results for a template that renders only roles
+    and string contents: a call becomes the JSON the model wrote, a result a
+    ``tool_response`` message (``user``: a template of this format knows no ``tool`` role
+    that could tell the model what it is)."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if message.get("role") == "assistant" and calls:
+            written = [_written(call, len(out)) for call in calls]
+            out.append({"role": "assistant", "content": json.dumps({"tool_calls": written})})
+        elif message.get("role") == "tool":
+            response = {
+                "tool_call_id": message.get("tool_call_id"),
+                "content": message.get("content"),
+            }
+            text = json.dumps({"tool_response": response}, ensure_ascii=False)
+            out.append({"role": "user", "content": text})
+        else:
+            out.append(message)
+    return out
+
+
+def _written(call: Any, index: int) -> dict[str, Any]:
+    """An earlier call of the conversation as the model wrote it (name and arguments)."""
+    function = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+        raise InputError(
+            f'messages[{index}].tool_calls: each call must be {{"type": "function", '
+            f'"function": {{"name": ..., "arguments": ...}}}}, got {call!r:.80}',
+            field=f"messages[{index}]",
+        )
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):
+        with contextlib.suppress(ValueError):
+            arguments = json.loads(arguments)
+    return {"name": function["name"], "arguments": arguments}
