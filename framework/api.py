@@ -27,7 +27,7 @@ from .plugin_host.registry import Registry
 from .protocols import GenerationContext, LiftsContext
 from .request import build_chat, row_settings, start_generation
 from .request import max_length as context_max_length
-from .request.outputs import GenerationOutput, StreamPiece, output_of, with_calls
+from .request.outputs import GenerationOutput, StreamPiece, output_of, with_reply
 from .request.prompts import Prompt, PromptEncoder, Prompts
 from .text import Tokenizer, load_tokenizer
 
@@ -240,6 +240,7 @@ class TextGenerator:
         parallel_tool_calls: bool | None = None,
         response_format: Any = None,
         template_kwargs: Mapping[str, Any] | None = None,
+        reasoning_effort: str | None = None,
         pipeline: PipelineArg = None,
         **settings: Any,
     ) -> GenerationOutput:
@@ -252,7 +253,15 @@ class TextGenerator:
         is OpenAI's (``json_object``, ``json_schema``, or a Pydantic model class): the
         answer follows it and ``out.parsed`` holds it. ``template_kwargs``
         (``continue_final_message``, ``enable_thinking``, ``documents``, ...) reach the
-        template as transformers' ``apply_chat_template`` passes them."""
+        template as transformers' ``apply_chat_template`` passes them.
+
+        The model family's chat format (``chat_format=`` names one; else the template's,
+        docs/chat-formats.md) says how calls are written and read. A model that thinks
+        (``<think>``) gets its thought in ``out.reasoning_content`` and the answer in
+        ``out.text``; ``thinking_budget=N`` closes the thought after N tokens,
+        ``reasoning_effort`` reaches a template that reads it (``"none"`` turns Qwen3's
+        ``enable_thinking`` off), and a constraint applies to the answer only."""
+        layer = self._pipeline_layer(pipeline)
         request = build_chat(
             self,
             messages,
@@ -262,10 +271,12 @@ class TextGenerator:
             parallel_tool_calls=parallel_tool_calls,
             response_format=response_format,
             template_kwargs=template_kwargs,
+            reasoning_effort=reasoning_effort,
+            chat_format=settings.get("chat_format") or layer.get("chat_format"),
         )
         out = self.generate(request.prompt, pipeline=pipeline, **request.settings)
-        if request.plan is not None and request.plan.calls_allowed:
-            with_calls(out, request.plan)
+        if request.plan is not None:
+            with_reply(out, request.plan)
         return out
 
     def chat_prompt(

@@ -17,7 +17,7 @@ import openai
 import pydantic
 import pytest
 
-from ortgen.structured.tool_calls import MAX_PARALLEL_CALLS, closed
+from ortgen.chat_formats import MAX_PARALLEL_CALLS, closed
 from tests.server_helpers import ServerProcess
 from tests.test_tool_calls import THREE_CALLS, TOOLS, written
 

@@ -16,8 +16,12 @@ import jsonschema
 import pytest
 
 import ortgen
+from ortgen.chat_formats import closed
+from ortgen.chat_formats.reply import ReplyPlan, read_reply
+from ortgen.chat_formats.tools import tool_spec
 from ortgen.errors import InputError
-from ortgen.structured.tool_calls import closed, plan_tools, read_tool_calls
+from ortgen.request.formats import pick_format
+from ortgen.text import Tokenizer
 from tests import server_plugin
 from tests.tiny_models import export_tiny
 
@@ -79,26 +83,54 @@ def _arguments_valid(call: dict, tools=TOOLS) -> bool:
 # -- plans and reading, without a model ---------------------------------------------------
 
 
+def _backend():
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models
+
+    return Backend(models.WordLevel({"<unk>": 0}, unk_token="<unk>"))
+
+
+def plan(template: str, tools=TOOLS, choice=None, parallel=None) -> ReplyPlan:
+    """How a request with ``tools`` on a model whose chat template is ``template`` is read:
+    the format the template's rendering picks (through a tokenizer that has it)."""
+    from ortgen.plugin_host.manager import build_registry, make_plugin_manager
+
+    registry = build_registry(make_plugin_manager())
+    tokenizer = Tokenizer(_backend(), chat_template=template)
+    name, fmt = pick_format(registry, tokenizer, None)
+    return ReplyPlan(name, fmt, tool_spec(tools, choice, parallel))
+
+
+def read_tool_calls(text: str, plan: ReplyPlan, reason: str = "eos"):
+    reply = read_reply(text, plan, reason)
+    return reply.content, reply.tool_calls
+
+
 def test_plans_follow_what_the_template_knows() -> None:
     messages = [{"role": "user", "content": "hi"}]
-    plain = plan_tools(messages, TOOLS, "required", None, "{{ messages }}")
-    assert plain.format == "json" and plain.template_tools is None
-    assert plain.messages[0]["role"] == "system" and "get_weather" in plain.messages[0]["content"]
-    calls = plain.settings["json_schema"]["properties"]["tool_calls"]
-    assert calls["minItems"] == 1 and calls["maxItems"] == 8
-    single = plan_tools(messages, TOOLS, "auto", False, "{{ messages }}")
-    assert single.settings["json_schema"]["anyOf"][0]["properties"]["tool_calls"]["maxItems"] == 1
-    assert single.settings["json_schema"]["anyOf"][1]["required"] == ["response"]
-    hermes = plan_tools(messages, TOOLS, None, None, HERMES_TEMPLATE)
-    assert hermes.format == "hermes" and hermes.template_tools == TOOLS
-    assert hermes.messages == messages and "TEXT | TEXT? calls" in hermes.settings["grammar"]
-    none = plan_tools(messages, TOOLS, "none", None, HERMES_TEMPLATE)
-    assert none.settings == {} and none.template_tools is None and not none.calls_allowed
-    named = plan_tools(messages, TOOLS, {"type": "function", "function": {"name": "add"}}, None,
-                       "x")  # fmt: skip
-    assert '"const": "add"' in json.dumps(named.settings) and "get_weather" not in json.dumps(
-        named.settings
+    plain = plan("{{ messages }}", TOOLS, "required")
+    assert plain.format_name == "generic"
+    shown, template_tools = plain.format.prompt_messages(
+        messages, plain.spec, template_renders_tools=False
     )
+    assert template_tools is None
+    assert shown[0]["role"] == "system" and "get_weather" in shown[0]["content"]
+    assert '"maxItems": 8' in plain.format.answer_grammar(plain.spec)
+    single = plan("{{ messages }}", TOOLS, "auto", False)
+    grammar = single.format.answer_grammar(single.spec)
+    assert '"maxItems": 1' in grammar and '"required": ["response"]' in grammar
+    one_tool = plan("{{ messages }}", [ADD], "auto")  # one tool, parallel unset: one call
+    assert one_tool.spec.max_calls == 1
+    hermes = plan(HERMES_TEMPLATE, TOOLS)
+    assert hermes.format_name == "hermes"
+    assert hermes.format.prompt_messages(messages, hermes.spec, template_renders_tools=True) == (
+        messages, TOOLS)  # fmt: skip
+    assert "TEXT | TEXT? calls" in hermes.format.answer_grammar(hermes.spec)
+    assert plan(HERMES_TEMPLATE, TOOLS, "none").spec is None
+    named = plan("x", TOOLS, {"type": "function", "function": {"name": "add"}})
+    grammar = named.format.answer_grammar(named.spec)
+    assert '"const": "add"' in grammar and "get_weather" not in grammar
+    assert named.spec.max_calls == 1
 
 
 @pytest.mark.parametrize(
@@ -116,27 +148,37 @@ def test_plans_follow_what_the_template_knows() -> None:
 )
 def test_bad_tools_are_named(tools, choice, parallel, named) -> None:
     with pytest.raises(InputError, match=named):
-        plan_tools([{"role": "user", "content": "x"}], tools, choice, parallel, "")
+        tool_spec(tools, choice, parallel)
 
 
 def test_calls_are_read_back_in_openai_shape() -> None:
-    plan = plan_tools([], TOOLS, "auto", None, "")
+    generic = plan("")
     content, calls = read_tool_calls(
-        '{"tool_calls":[{"name":"add","arguments":{"a":1,"b":2}}]}', plan
+        '{"tool_calls":[{"name":"add","arguments":{"a":1,"b":2}}]}', generic
     )
     assert content is None and len(calls) == 1
     assert calls[0]["type"] == "function" and calls[0]["id"].startswith("call_")
-    assert calls[0]["function"] == {"name": "add", "arguments": '{"a": 1, "b": 2}'}
-    assert read_tool_calls('{"response":"Hello"}', plan) == ("Hello", [])
+    assert calls[0]["function"] == {"name": "add", "arguments": '{"a":1,"b":2}'}
+    assert read_tool_calls('{"response":"Hello"}', generic) == ("Hello", [])
     twice = '{"tool_calls":[{"name":"add","arguments":{"a":1}},{"name":"add","arguments":{"a":1}}]}'
-    assert len(read_tool_calls(twice, plan)[1]) == 1  # a loop's repeats are one call
-    assert read_tool_calls('{"tool_calls":[{"na', plan) == ('{"tool_calls":[{"na', [])  # cut
-    assert read_tool_calls('{"response":"Hel\\u00e9lo \\"', plan) == ('Helélo "', [])
-    assert read_tool_calls('{"response":"Hi \\u00', plan) == ("Hi ", [])  # escape cut short
-    hermes = plan_tools([], TOOLS, "auto", None, HERMES_TEMPLATE)
+    assert len(read_tool_calls(twice, generic)[1]) == 1  # a loop's repeats are one call
+    # a call cut by the token limit: no calls, and never the wrapper as text
+    cut = read_reply('{"tool_calls":[{"na', generic, "length")
+    assert (cut.content, cut.tool_calls, cut.finish_reason) == ("", [], "length")
+    assert read_tool_calls('{"response":"Hel\\u00e9lo \\"', generic) == ('Helélo "', [])
+    assert read_tool_calls('{"response":"Hi \\u00', generic) == ("Hi ", [])  # escape cut short
+    hermes = plan(HERMES_TEMPLATE)
     text = 'Sure.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
     content, calls = read_tool_calls(text, hermes)
     assert content == "Sure." and calls[0]["function"]["name"] == "add"
+
+
+def test_a_call_cut_by_the_limit_keeps_the_whole_calls_before_it() -> None:
+    generic = plan("")
+    text = '{"tool_calls":[{"name":"add","arguments":{"a":1,"b":2}},{"name":"get_weather","ar'
+    reply = read_reply(text, generic, "length")
+    assert reply.finish_reason == "length" and reply.content is None
+    assert read_back(reply.tool_calls) == [("add", {"a": 1, "b": 2})]
 
 
 #: three distinct calls (two functions, one of them twice with other arguments): what a
@@ -169,14 +211,14 @@ def read_back(calls) -> list[tuple[str, object]]:
 def test_every_distinct_call_is_read_back_in_order(format_, count) -> None:
     """An answer with several different calls gives all of them, in the order written,
     each with its own id; only a word-for-word repeat (a loop) is dropped."""
-    plan = plan_tools([], TOOLS, "auto", None, HERMES_TEMPLATE if format_ == "hermes" else "")
-    assert plan.format == format_
+    read = plan(HERMES_TEMPLATE if format_ == "hermes" else "")
+    assert read.format_name == ("generic" if format_ == "json" else format_)
     calls = THREE_CALLS[:count]
-    content, got = read_tool_calls(written(calls, format_), plan)
+    content, got = read_tool_calls(written(calls, format_), read)
     assert content is None and read_back(got) == calls
     assert len({c["id"] for c in got}) == count
     looped = [*calls, calls[0], *calls]  # the model started over: the same calls again
-    assert read_back(read_tool_calls(written(looped, format_), plan)[1]) == calls
+    assert read_back(read_tool_calls(written(looped, format_), read)[1]) == calls
 
 
 def test_a_conversation_with_calls_and_results_renders_for_a_plain_template() -> None:
@@ -187,8 +229,9 @@ def test_a_conversation_with_calls_and_results_renders_for_a_plain_template() ->
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "call_1", "content": "3"},
     ]
-    plan = plan_tools(messages, TOOLS, "auto", None, "{{ messages }}")
-    assistant, result = plan.messages[2], plan.messages[3]
+    generic = plan("{{ messages }}")
+    shown, _ = generic.format.prompt_messages(messages, generic.spec, template_renders_tools=False)
+    assistant, result = shown[2], shown[3]
     assert json.loads(assistant["content"]) == {
         "tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}]
     }
@@ -196,8 +239,6 @@ def test_a_conversation_with_calls_and_results_renders_for_a_plain_template() ->
     assert json.loads(result["content"]) == {
         "tool_response": {"tool_call_id": "call_1", "content": "3"}
     }
-    knows = plan_tools(messages, TOOLS, "auto", None, "{% if m.role == 'tool' %}{% endif %}")
-    assert knows.messages[3]["role"] == "tool"
 
 
 # -- a tiny model with a hermes template: the grammar alone makes the calls ---------------

@@ -153,6 +153,9 @@ class GenerationConfig:
     drafter: Mapping[str, Any] | None = None  # any registered drafter, by name or table
     logits_processors: tuple[Mapping[str, Any], ...] = ()
     stopping_criteria: tuple[Mapping[str, Any], ...] = ()
+    #: a chat's format by name (docs/chat-formats.md); None: the one the template teaches.
+    #: Read by the chat builder; a plain ``generate`` ignores it
+    chat_format: str | None = None
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:

@@ -96,6 +96,12 @@ class Registry:
     def entries(self, kind: str) -> list[Entry]:
         return [self._entries[kind][n] for n in self.names(kind)]
 
+    def in_order(self, kind: str) -> list[Entry]:
+        """The entries of ``kind`` in the order they were registered (built-ins first,
+        each plugin's in its own order): where that order means something, as the
+        order chat formats are matched against a template."""
+        return list(self._entries[kind].values())
+
     def get(self, kind: str, name: str) -> Entry:
         table = self._entries[kind]
         if name not in table:

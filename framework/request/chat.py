@@ -1,5 +1,6 @@
-"""A conversation and its options (tools, ``response_format``, template variables) as
-one prompt, the settings that constrain its answer, and the plan for tool calls."""
+"""A conversation and its options (tools, ``response_format``, template variables,
+thinking) as one prompt, the settings that constrain its answer, and the plan that
+reads the answer back (``ortgen.chat_formats.reply``)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..chat_formats.reasoning import after_thought
+from ..chat_formats.reply import ReplyPlan
+from ..chat_formats.tools import tool_spec
 from ..errors import InputError
 from ..structured.response_format import response_format_settings
 from ..structured.settings import CONSTRAINT_FIELDS
-from ..structured.tool_calls import ToolPlan, plan_tools
 from ..text.chat_template import check_messages
+from .formats import pick_format, probe, reasoning_tags, thought_state
 
 if TYPE_CHECKING:
     from ..api import TextGenerator
+
+#: OpenAI's ``reasoning_effort`` values that ask for no thought at all
+_NO_THOUGHT = ("none", "minimal")
+#: how many characters of a prompt's end say whether it leaves the model in a thought
+_TAIL = 200
 
 
 @dataclass
@@ -22,10 +31,10 @@ class ChatRequest:
     """A conversation ready to generate from."""
 
     prompt: list[int]
-    #: the caller's settings plus what ``response_format`` and the tools constrain
+    #: the caller's settings plus what ``response_format``, the tools and thinking constrain
     settings: dict[str, Any]
-    #: with tools: how the answer holds calls (``ortgen.structured.tool_calls``)
-    plan: ToolPlan | None = None
+    #: how the answer is read back (thought, content, calls); None: plain text
+    plan: ReplyPlan | None = None
     #: a setting added here -> the input that asked for it ("response_format", "tools")
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -40,12 +49,20 @@ def build_chat(
     parallel_tool_calls: bool | None = None,
     response_format: Any = None,
     template_kwargs: Mapping[str, Any] | None = None,
+    reasoning_effort: str | None = None,
+    chat_format: str | None = None,
 ) -> ChatRequest:
-    """The one path from a conversation to a prompt, for ``gen.chat()``, the server's
-    chat completions and a job's ``messages`` rows. ``developer`` (OpenAI's new name for
-    ``system``) is rendered as ``system``; ``response_format`` becomes a constraint and
-    may not be given with one (say one thing once); tools constrain the answer to calls
-    unless ``tool_choice`` is ``"none"`` and clash with any other constraint."""
+    """The one path from a conversation to a prompt, for ``gen.chat()``, ``ortgen chat``,
+    the server's chat completions and a job's ``messages`` rows.
+
+    ``developer`` (OpenAI's new name for ``system``) is rendered as ``system``;
+    ``response_format`` becomes a constraint and may not be given with one (say one thing
+    once); tools constrain the answer to the chat format's calls unless ``tool_choice``
+    is ``"none"``, and clash with any other constraint. When the model may think, a
+    constraint applies to the answer after the thought, never to the thought.
+    ``chat_format`` (else the ``chat_format`` setting, else the template's) names the
+    format; ``reasoning_effort`` reaches a template that reads it, and ``"none"`` or
+    ``"minimal"`` turn thinking off in a template with ``enable_thinking``."""
     conversation = [_renamed(m) for m in check_messages(messages)]
     wanted = dict(settings)
     sources: dict[str, str] = {}
@@ -54,29 +71,69 @@ def build_chat(
             raise InputError(f"give response_format or {key}, not both", field=key)
         wanted[key] = value
         sources[key] = "response_format"
-    plan = None
-    template_tools = tools
-    if tools is not None or tool_choice is not None:
-        template = gen.tokenizer.chat_template if gen.tokenizer is not None else None
-        plan = plan_tools(conversation, tools, tool_choice, parallel_tool_calls, template)
-        constrained = [k for k in CONSTRAINT_FIELDS if wanted.get(k) not in (None, False)]
-        if plan.settings and constrained:
-            raise InputError(
-                f"tools (tool_choice {tool_choice or 'auto'!r}) constrain the answer to tool "
-                f"calls, and {constrained[0]} constrains it too: give one of them",
-                field=constrained[0],
-            )
-        conversation, template_tools = plan.messages, plan.template_tools
-        wanted.update(plan.settings)
-        sources.update({key: "tools" for key in plan.settings})
-    kwargs = dict(template_kwargs or {})
+    tokenizer = gen.tokenizer
+    found = probe(tokenizer)
+    name = chat_format or wanted.get("chat_format")
+    format_name, fmt = pick_format(gen.registry, tokenizer, name)
+    spec = tool_spec(tools, tool_choice, parallel_tool_calls) if tools or tool_choice else None
+    if tools is None and tool_choice not in (None, "none"):
+        tool_spec([], tool_choice)  # raises: a choice with no tools
+    constrained = [k for k in CONSTRAINT_FIELDS if wanted.get(k) not in (None, False)]
+    if spec is not None and constrained:
+        raise InputError(
+            f"tools (tool_choice {tool_choice or 'auto'!r}) constrain the answer to tool "
+            f"calls, and {constrained[0]} constrains it too: give one of them",
+            field=constrained[0],
+        )
+    conversation, template_tools = fmt.prompt_messages(
+        conversation, spec, template_renders_tools=found.with_tools is not None
+    )
+    kwargs = _template_kwargs(template_kwargs, reasoning_effort, found.source)
+    prompt = gen.chat_prompt(conversation, tools=template_tools, **kwargs)
+    tags = reasoning_tags(fmt, found)
+    state = "closed"
+    if tags is not None and tokenizer is not None:
+        tail = tokenizer.decode(prompt[-_TAIL:], skip_special_tokens=False)[-_TAIL:]
+        state = thought_state(tail, tags)
+    thinks = tags is not None and state != "closed"
+    if spec is not None:
+        wanted["grammar"] = fmt.answer_grammar(spec)
+        sources["grammar"] = "tools"
+        constrained = ["grammar"]
+    json_answer = any(k in ("json_schema", "json_object") for k in constrained)
+    if thinks and constrained:
+        assert tags is not None
+        key = constrained[0]
+        wanted["grammar"] = after_thought(key, wanted.pop(key), tags, opened=state == "open")
+        sources["grammar"] = sources.pop(key, key)
+    if spec is None and not thinks and not json_answer:
+        return ChatRequest(prompt, wanted, None, sources)
+    plan = ReplyPlan(
+        format_name,
+        fmt,
+        spec,
+        tags if thinks else None,
+        opened=state == "open",
+        json_answer=json_answer and thinks,
+    )
+    return ChatRequest(prompt, wanted, plan, sources)
+
+
+def _template_kwargs(
+    given: Mapping[str, Any] | None, reasoning_effort: str | None, source: str
+) -> dict[str, Any]:
+    kwargs = dict(given or {})
     if "tools" in kwargs:
         raise InputError(
             "template variables may not hold tools (give them as tools)",
             field="chat_template_kwargs",
         )
-    prompt = gen.chat_prompt(conversation, tools=template_tools, **kwargs)
-    return ChatRequest(prompt, wanted, plan, sources)
+    if reasoning_effort is not None:
+        if "reasoning_effort" in source:
+            kwargs.setdefault("reasoning_effort", reasoning_effort)
+        elif "enable_thinking" in source and reasoning_effort in _NO_THOUGHT:
+            kwargs.setdefault("enable_thinking", False)
+    return kwargs
 
 
 def _renamed(message: dict[str, Any]) -> dict[str, Any]:

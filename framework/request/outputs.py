@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 
+from ..chat_formats.reply import ReplyPlan, read_reply
 from ..loop.generate import Generation
 from ..protocols import BeamsPerPrompt, KeepsSequenceLogprobs
 from ..structured.response_format import parse_json_output
-from ..structured.tool_calls import ToolPlan, read_tool_calls
 from ..text import RowText
 
-__all__ = ["GenerationOutput", "StreamPiece", "output_of", "with_calls"]
+__all__ = ["GenerationOutput", "StreamPiece", "output_of", "with_reply"]
 
 
 @dataclass
@@ -54,6 +54,9 @@ class GenerationOutput:
     #: with ``chat(tools=...)``: each row's tool calls in OpenAI's shape (shaped like
     #: ``text``; ``text`` is then the answer's content, "" when it is only calls)
     tool_calls: Any = None
+    #: a chat with a model that thinks: each row's thought (shaped like ``text``, None
+    #: for a row that did not think); ``text`` is then the answer after it
+    reasoning_content: Any = None
 
 
 @dataclass
@@ -196,18 +199,34 @@ def _search_output(
     )
 
 
-def with_calls(out: GenerationOutput, plan: ToolPlan) -> None:
-    """Read each row's tool calls out of its text: ``text`` becomes the content, the
-    calls go to ``tool_calls`` and a row that made calls finishes with "tool_calls"."""
+def with_reply(out: GenerationOutput, plan: ReplyPlan) -> None:
+    """Read each row's answer (``ortgen.chat_formats.reply``): ``text`` becomes the
+    content, the thought goes to ``reasoning_content``, the calls to ``tool_calls``, and a
+    row that ended with whole calls finishes with "tool_calls". JSON asked of a thinking
+    model is parsed from the answer after the thought."""
     single = isinstance(out.text, str)
     texts: list[str] = [out.text] if isinstance(out.text, str) else list(out.text or [])
-    contents, calls = [], []
-    for row, text in enumerate(texts):
-        content, row_calls = read_tool_calls(text, plan)
-        contents.append(content or "")
-        calls.append(row_calls)
-        if row_calls:
-            out.finish_reasons[row] = "tool_calls"
+    replies = [
+        read_reply(text, plan, reason)
+        for text, reason in zip(texts, out.finish_reasons, strict=True)
+    ]
+    for row, reply in enumerate(replies):
+        out.finish_reasons[row] = reply.finish_reason
+    contents = [reply.content or "" for reply in replies]
     out.text = contents[0] if single else contents
-    out.tool_calls = calls[0] if single else calls
-    out.parsed = out.parse_errors = None  # the JSON was the calls' envelope, not an answer
+    if plan.tags is not None:
+        thoughts = [reply.reasoning_content for reply in replies]
+        out.reasoning_content = thoughts[0] if single else thoughts
+    if plan.calls_allowed:
+        calls = [reply.tool_calls for reply in replies]
+        out.tool_calls = calls[0] if single else calls
+        out.parsed = out.parse_errors = None  # the JSON was the calls' envelope
+    elif plan.json_answer:
+        parsed = [
+            parse_json_output(content, reason)
+            for content, reason in zip(contents, out.finish_reasons, strict=True)
+        ]
+        values = [value for value, _ in parsed]
+        errors = [error for _, error in parsed]
+        out.parsed = values[0] if single else values
+        out.parse_errors = errors[0] if single else errors

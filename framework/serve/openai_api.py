@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api import TextGenerator
+from ..chat_formats.reply import ReplyPlan
 from ..errors import ConfigError, InputError, OrtgenError
 from ..loop.chain import Chain
 from ..request import COMPONENT_KINDS, ChatRequest, build_chat, clipped_length, component_problems
-from ..structured.tool_calls import ToolPlan
 from .engine import Engine
 from .errors import RequestError
 from .openai_fields import COMPLETION_LOGPROBS, INTEGERS, boolean, integer, settings_of
@@ -52,8 +52,8 @@ class ParsedRequest:
     prompt_field: str = "prompt"
     #: ortgen setting -> the request field it came from (for ``param`` in errors)
     names: dict[str, str] = field(default_factory=dict)
-    #: a chat request with tools: how its answers hold calls (``ortgen.structured.tool_calls``)
-    tool_plan: ToolPlan | None = None
+    #: a chat request whose answers are read back (thought, calls): ``ortgen.chat_formats.reply``
+    reply_plan: ReplyPlan | None = None
 
 
 # -- requests --------------------------------------------------------------------------
@@ -92,7 +92,7 @@ def parse_chat(body: Mapping[str, Any], gen: TextGenerator, *, max_rows: int) ->
         settings.update(logprobs=True, top_logprobs=top or 0)
         names.update(logprobs="logprobs", top_logprobs="top_logprobs")
     request = _request(gen, [chat.prompt], settings, names, rest, chat=True, max_rows=max_rows)
-    request.tool_plan = chat.plan
+    request.reply_plan = chat.plan
     return request
 
 
@@ -152,6 +152,7 @@ def _chat(
             parallel_tool_calls=body.get("parallel_tool_calls"),
             response_format=body.get("response_format"),
             template_kwargs=kwargs,
+            reasoning_effort=body.get("reasoning_effort"),
         )
     except OrtgenError as exc:
         raise request_error(exc, names, default="messages") from None

@@ -17,8 +17,8 @@ import time
 import uuid
 from typing import Any
 
+from ..chat_formats.reply import ReplyPlan, ReplyStream, read_reply
 from ..request.outputs import StreamPiece
-from ..structured.tool_calls import ToolPlan, read_tool_calls
 from ..text import Tokenizer
 from .openai_api import ParsedRequest
 
@@ -28,8 +28,10 @@ FLOOR = -9999.0
 
 def finish_reason(reason: str) -> str:
     """ortgen's end reason as OpenAI's: the token limit (and ``max_time``) is "length",
-    everything that ended the text on purpose (EOS, a stop string, a plugin's stopping
-    criterion) is "stop"."""
+    an answer that ended with whole tool calls "tool_calls", everything else that ended
+    the text on purpose (EOS, a stop string, a plugin's stopping criterion) "stop"."""
+    if reason == "tool_calls":
+        return reason
     return "length" if reason in ("length", "time") else "stop"
 
 
@@ -86,6 +88,7 @@ class Choice:
         self.pieces: list[StreamPiece] = []
         self.finish_reason: str | None = None  # ortgen's reason; "error" when the row failed
         self.offset = 0  # completions' text_offset of the next token
+        self.reply: ReplyStream | None = None  # a streamed chat answer read as it comes
 
     def add(self, piece: StreamPiece) -> None:
         if piece.finish_reason == "error":
@@ -182,26 +185,22 @@ class Answer:
             return chat_logprobs(pieces, self.words)
         return completion_logprobs(pieces, self.words, choice)
 
-    @property
-    def _tools(self) -> ToolPlan | None:
-        """The request's tool plan when its answers may hold calls."""
-        plan = self.request.tool_plan
-        return plan if plan is not None and plan.calls_allowed else None
-
     def _message(self, choice: Choice) -> tuple[dict[str, Any], str]:
-        """A chat choice's message (content, and tool calls when it made some) and its
-        OpenAI finish reason."""
+        """A chat choice's message (content, the thought and tool calls when there are)
+        and its OpenAI finish reason."""
         text = "".join(choice.text)
-        reason = finish_reason(choice.finish_reason or "stop")
-        plan = self._tools
+        plan = self.request.reply_plan
         if plan is None:
-            return {"role": "assistant", "content": text}, reason
-        content, calls = read_tool_calls(text, plan)
-        message: dict[str, Any] = {"role": "assistant", "content": content}
-        if calls:
-            message["tool_calls"] = calls
-            reason = "tool_calls"
-        return message, reason
+            return {"role": "assistant", "content": text}, finish_reason(
+                choice.finish_reason or "stop"
+            )
+        reply = read_reply(text, plan, choice.finish_reason or "stop")
+        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        if plan.tags is not None:
+            message["reasoning_content"] = reply.reasoning_content
+        if reply.tool_calls:
+            message["tool_calls"] = reply.tool_calls
+        return message, finish_reason(reply.finish_reason)
 
     def full(self, choices: list[Choice]) -> dict[str, Any]:
         """The non-streaming response."""
@@ -235,34 +234,38 @@ class Answer:
         )
 
     def chunks(self, choice: Choice, piece: StreamPiece) -> list[dict[str, Any]]:
-        """The chunks one piece adds to the stream (see ``piece``). With tools the answer
-        is read once whole: its content, then each call as OpenAI streams one (id, name
-        and empty arguments, then the arguments), then the finish reason."""
-        if self._tools is None:
+        """The chunks one piece adds to the stream. A chat answer that is read back
+        (thought, calls: ``ReplyPlan``) streams as ``ortgen.chat_formats.reply`` reads it:
+        ``reasoning_content``, ``content`` and ``tool_calls`` deltas as each is certain;
+        the logprobs of a piece ride on its first chunk, or on a chunk of their own."""
+        plan = self.request.reply_plan
+        if plan is None:
             chunk = self.piece(choice, piece)
             return [chunk] if chunk is not None else []
-        if piece.finish_reason is None:
-            return []
-        message, reason = self._message(choice)
-        logprobs = self._logprobs(choice.pieces, choice)
+        return self._read_chunks(choice, piece, plan)
+
+    def _read_chunks(
+        self, choice: Choice, piece: StreamPiece, plan: ReplyPlan
+    ) -> list[dict[str, Any]]:
+        if choice.reply is None:
+            choice.reply = ReplyStream(plan)
+        deltas = choice.reply.feed(piece.text) if piece.text else []
+        reason = None
+        if piece.finish_reason is not None:
+            more, ended = choice.reply.finish(choice.finish_reason or piece.finish_reason)
+            deltas.extend(more)
+            reason = finish_reason(ended)
+        logprobs = self._logprobs([piece], choice)
+        if not deltas and (logprobs is not None or reason is not None):
+            deltas.append({})
         out = []
-        if message["content"]:
-            delta = {"content": message["content"]}
-            out.append({"index": choice.index, "delta": delta, "logprobs": logprobs})
-            logprobs = None
-        for number, call in enumerate(message.get("tool_calls", [])):
-            function = call["function"]
-            head = {"index": number, "id": call["id"], "type": "function",
-                    "function": {"name": function["name"], "arguments": ""}}  # fmt: skip
-            arguments = {"index": number, "function": {"arguments": function["arguments"]}}
-            for fragment in (head, arguments):
-                delta = {"tool_calls": [fragment]}
-                out.append({"index": choice.index, "delta": delta, "logprobs": logprobs})
-                logprobs = None
-        out.append({"index": choice.index, "delta": {}, "logprobs": logprobs})
-        for item in out:
+        for delta in deltas:
+            item = {"index": choice.index, "delta": delta, "logprobs": logprobs}
             item["finish_reason"] = None
-        out[-1]["finish_reason"] = reason
+            logprobs = None
+            out.append(item)
+        if out:
+            out[-1]["finish_reason"] = reason
         return [self._chunk(item) for item in out]
 
     def piece(self, choice: Choice, piece: StreamPiece) -> dict[str, Any] | None:

@@ -38,6 +38,8 @@ def grammar_text(setting: str, value: Any) -> str:
     if setting == "regex":
         return matcher.grammar_from_regex(value)
     if setting == "grammar":
+        if value.lstrip().startswith("{"):  # llguidance's own grammar list (JSON)
+            return str(value)
         return matcher.grammar_from_lark(value)
     if setting == "choice":
         options = " | ".join(json.dumps(option, ensure_ascii=False) for option in value)

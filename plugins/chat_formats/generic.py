@@ -133,6 +133,8 @@ def _calls(text: str, index: int) -> list[CallDraft]:
         if named is None:
             end = json_value_end(text, index)
             if end is None:
+                if text[index:].strip():
+                    calls.append(CallDraft(None))  # a call begun, its name not yet whole
                 break
             calls.append(_loose(text[index:end]))
         else:
