@@ -125,7 +125,7 @@ def test_plans_follow_what_the_template_knows() -> None:
     assert hermes.format_name == "hermes"
     assert hermes.format.prompt_messages(messages, hermes.spec, template_renders_tools=True) == (
         messages, TOOLS)  # fmt: skip
-    assert "TEXT | TEXT? calls" in hermes.format.answer_grammar(hermes.spec)
+    assert "TEXT | calls" in hermes.format.answer_grammar(hermes.spec)
     assert plan(HERMES_TEMPLATE, TOOLS, "none").spec is None
     named = plan("x", TOOLS, {"type": "function", "function": {"name": "add"}})
     grammar = named.format.answer_grammar(named.spec)

@@ -98,13 +98,19 @@ def build_tiny_hf(arch: str, dest: Path, *, seed: int = 0, with_tokenizer: bool 
 
 
 def save_tiny_tokenizer(
-    dest: Path, *, special_tokens: tuple[str, ...] = (), template: str | None = None
+    dest: Path,
+    *,
+    special_tokens: tuple[str, ...] = (),
+    template: str | None = None,
+    control_tokens: tuple[str, ...] = (),
 ) -> Path:
     """Save a character-level tokenizer covering exactly the tiny vocabulary to ``dest``.
 
     Ids: 0 <pad>, 1 <s> (bos), 2 </s> (eos), 3 <unk>, then printable ASCII, newline and
     tab (one token per character), then ``special_tokens`` (each one token, matched
-    before the characters, as a model's added tokens are), then ``<extra_N>`` up to id
+    before the characters, as a model's added tokens are; those also in
+    ``control_tokens`` are special, left out of decoded text as ``<|im_end|>`` is, the
+    others text, as Qwen's ``<think>``), then ``<extra_N>`` up to id
     255, so every id a tiny model can emit decodes to something. It has a small chat
     template unless ``template`` is given.
     """
@@ -125,7 +131,9 @@ def save_tiny_tokenizer(
         # Qwen's <think> and <tool_call>: they decode as text)
         from tokenizers import AddedToken
 
-        added = [AddedToken(t, special=False, normalized=False) for t in special_tokens]
+        added = [
+            AddedToken(t, special=t in control_tokens, normalized=False) for t in special_tokens
+        ]
         tokenizer.add_tokens(added)
     tokenizer.chat_template = template or (
         "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>\n{% endfor %}"
@@ -217,6 +225,7 @@ def export_chat_family(
     template: str,
     *,
     special_tokens: tuple[str, ...] = (),
+    control_tokens: tuple[str, ...] | None = None,
     eos: str = "</s>",
     arch: str = "qwen2",
     max_positions: int = 4096,
@@ -226,7 +235,8 @@ def export_chat_family(
     character tokenizer with ``special_tokens`` (``<|im_start|>``, ``<think>``, ...) as
     single tokens in the ``<extra_N>`` slots, ``template`` as its chat template, ``eos``
     (one of them, or ``</s>``) as its end of sequence, and a context of ``max_positions``
-    (a family's tool prompt is long in characters). Exported at fp32 to
+    (a family's tool prompt is long in characters). ``control_tokens`` (default: ``eos``)
+    are special tokens, left out of decoded text. Exported at fp32 to
     ``root/name-onnx``; returns that folder. For the chat-format tests: only the
     grammar makes a random model's calls well-formed, which is what they check.
     """
@@ -237,7 +247,10 @@ def export_chat_family(
 
     root = Path(root)
     hf = root / f"{name}-hf"
-    tokenizer = save_tiny_tokenizer(hf, special_tokens=special_tokens, template=template)
+    control = (eos,) if control_tokens is None else control_tokens
+    tokenizer = save_tiny_tokenizer(
+        hf, special_tokens=special_tokens, template=template, control_tokens=control
+    )
     eos_id = _token_id(tokenizer, eos)
     config = _config(arch)
     config.max_position_embeddings = max_positions

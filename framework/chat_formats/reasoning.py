@@ -55,6 +55,10 @@ def after_thought(setting: str, value: Any, tags: tuple[str, str], *, opened: bo
     else:
         answer = {"lark_grammar": "start: " + " | ".join(json.dumps(v) for v in value)}
     o, c = (json.dumps(t) for t in tags)
-    thought = f"{o} THOUGHT {c} /[ \\n]*/" if not opened else f"THOUGHT {c} /[ \\n]*/"
-    main = f"start: {'thought' if opened else 'thought?'} @answer\nthought: {thought}\nTHOUGHT: /(?s:.*)/ & ~/(?s:.*</think>.*)/"
+    thought = f"{o} ortgen_thought ORTGEN_GAP" if not opened else "ortgen_thought ORTGEN_GAP"
+    main = (
+        f"start: {'ortgen_think' if opened else 'ortgen_think?'} @answer\n"
+        f"ortgen_think: {thought}\nortgen_thought[suffix={c}]: /(?s:.*)/\n"
+        "ORTGEN_GAP: /[ \\n]*/"
+    )
     return json.dumps({"grammars": [{"lark_grammar": main}, {"name": "answer", **answer}]})

@@ -3,9 +3,13 @@
 Qwen2.5, Qwen3, SmolLM3 and the Hermes models (NousResearch's format, which they all
 took): the template renders ``tools`` itself (a system block listing them inside
 ``<tools></tools>``) and the model answers with text, calls, or text then calls, each
-call on its own inside the tags. The grammar writes exactly that: ``auto`` allows text
-with no ``<tool_call>`` in it, optionally followed by calls; ``required`` and a named
-function allow calls only.
+call on its own inside the tags. The grammar allows text with no ``<tool_call>`` in it
+or calls under ``auto``, calls only under ``required`` and a named function. Text and
+then calls is read back but not offered by the grammar: in Qwen's vocabulary
+``<tool_call>`` is one token, and llguidance's greedy lexer cannot end free text right
+before a token that spans the text and the tag (measured: the answer fails at that token).
+For the same reason the text may not start with whitespace or ``<``: a greedy text that
+could begin with ``<think>`` would swallow a thought that comes before the answer.
 """
 
 from __future__ import annotations
@@ -40,14 +44,14 @@ class HermesFormat:
     def answer_grammar(self, spec: ToolSpec) -> str:
         body = json_grammar(call_schema(spec.functions))
         more = f' ("\\n" call)~0..{spec.max_calls - 1}' if spec.max_calls > 1 else ""
-        start = "calls" if spec.calls_only else "TEXT | TEXT? calls"
+        start = "calls" if spec.calls_only else "TEXT | calls"
         return "\n".join(
             [
                 f"start: {start}",
                 f"calls: call{more}",
                 f'call: "{OPEN}\\n" body "\\n{CLOSE}"',
                 f"body: {body}",
-                r"TEXT: /(?s:.+)/ & ~/(?s:.*<tool_call>.*)/",
+                r"TEXT: /[^\s<](?s:.*)/ & ~/(?s:.*<tool_call>.*)/",
             ]
         )
 
