@@ -201,3 +201,26 @@ def test_every_call_of_an_answer_comes_back(client, count) -> None:
             call["name"] += fragment.function.name or ""
             call["arguments"] += fragment.function.arguments or ""
     assert [(c["name"], json.loads(c["arguments"])) for c in streamed.values()] == calls
+
+
+def test_a_forced_call_within_64_tokens_comes_back_as_a_call(client) -> None:
+    """The issue's report: a call forced by name with ``max_tokens`` 64 and no
+    ``parallel_tool_calls`` came back as ``finish_reason: length`` with the internal
+    ``{"tool_calls":[...`` wrapper as the message's content (the grammar allowed 8 calls
+    and the model repeated its call). A named tool now allows one call, and a cut call is
+    never text."""
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for settings in ({}, {"temperature": 1.0, "seed": 3}):
+        choice = client.chat.completions.create(
+            model="x", messages=QUESTION, tools=TOOLS, tool_choice=named, max_tokens=64,
+            **settings,
+        ).choices[0]  # fmt: skip
+        assert choice.finish_reason == "tool_calls", choice
+        assert choice.message.content is None
+        (call,) = choice.message.tool_calls
+        assert call.function.name == "get_weather" and _valid_call(call)
+    cut = client.chat.completions.create(
+        model="x", messages=QUESTION, tools=TOOLS, tool_choice=named, max_tokens=10
+    ).choices[0]
+    assert cut.finish_reason == "length"
+    assert not cut.message.content and not cut.message.tool_calls
