@@ -37,6 +37,8 @@ from .caches import (
     ShiftsColumns,
 )
 
+from .chat_formats import ChatFormat, MarksReasoning
+
 if TYPE_CHECKING:
     from ..config import GenerationConfig
     from ..model.session import GraphSignature
@@ -45,6 +47,7 @@ __all__ = [
     "AdaptsDrafts",
     "BeamsPerPrompt",
     "BelongsToGraph",
+    "ChatFormat",
     "ChecksDrafts",
     "CopiesRows",
     "DeclaresScoreUse",
@@ -60,6 +63,7 @@ __all__ = [
     "LiftsContext",
     "LimitsFeed",
     "LogitsProcessor",
+    "MarksReasoning",
     "NamesFinishReason",
     "OwnsPresents",
     "PreparesAhead",
