@@ -415,3 +415,7 @@ def _check_components(
             where = f"{key}[{i}] ({name})" if many else f"{key} ({name})"
             for problem in registry.problems(kind, name, params):
                 problems.append(f"{where}: {problem}")
+    chat_format = settings.get("chat_format")
+    if isinstance(chat_format, str):  # a name, not a component table: one setting
+        for problem in registry.problems("chat_format", chat_format, {}):
+            problems.append(f"[generation] chat_format: {problem}")

@@ -32,4 +32,9 @@ def component_problems(registry: Registry, settings: Mapping[str, Any]) -> list[
             problems = registry.problems(kind, spec["name"], params)
             if problems:
                 found.append((key, f"{key} ({spec['name']}): {'; '.join(problems)}"))
+    chat_format = settings.get("chat_format")
+    if isinstance(chat_format, str):
+        problems = registry.problems("chat_format", chat_format, {})
+        if problems:
+            found.append(("chat_format", f"chat_format: {'; '.join(problems)}"))
     return found
