@@ -26,7 +26,17 @@ from ..loop.chain import Chain
 from ..request import COMPONENT_KINDS, ChatRequest, build_chat, clipped_length, component_problems
 from .engine import Engine
 from .errors import RequestError
-from .openai_fields import COMPLETION_LOGPROBS, INTEGERS, boolean, integer, settings_of
+from .openai_fields import (
+    COMPLETION_LOGPROBS,
+    INTEGERS,
+    REASONING_EFFORTS,
+    VERBOSITIES,
+    boolean,
+    integer,
+    one_of,
+    settings_of,
+)
+from .openai_prediction import with_prediction
 
 
 @dataclass
@@ -54,6 +64,9 @@ class ParsedRequest:
     names: dict[str, str] = field(default_factory=dict)
     #: a chat request whose answers are read back (thought, calls): ``ortgen.chat_formats.reply``
     reply_plan: ReplyPlan | None = None
+    #: chat: OpenAI's ``reasoning_effort`` and ``verbosity``, checked (None: not given)
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
 
 
 # -- requests --------------------------------------------------------------------------
@@ -84,15 +97,19 @@ def parse_chat(body: Mapping[str, Any], gen: TextGenerator, *, max_rows: int) ->
     top = integer(body, "top_logprobs", *INTEGERS["top_logprobs"])
     if top and not logprobs:
         raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
+    effort = one_of(body, "reasoning_effort", REASONING_EFFORTS)
+    verbosity = one_of(body, "verbosity", VERBOSITIES)
     settings, names, rest = settings_of(body, chat=True)
     chat = _chat(body, gen, settings, names)
     settings = chat.settings
     names.update(chat.sources)
+    settings = with_prediction(body, gen, settings, names)  # drafts from the prediction
     if logprobs:
         settings.update(logprobs=True, top_logprobs=top or 0)
         names.update(logprobs="logprobs", top_logprobs="top_logprobs")
     request = _request(gen, [chat.prompt], settings, names, rest, chat=True, max_rows=max_rows)
     request.reply_plan = chat.plan
+    request.reasoning_effort, request.verbosity = effort, verbosity
     return request
 
 

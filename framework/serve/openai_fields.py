@@ -5,7 +5,8 @@ here so the error names the field the client sent. What is not an OpenAI field i
 an ortgen setting for ``resolve_config`` to judge (the OpenAI client's ``extra_body``).
 ``COMPLETION_FIELDS`` and ``CHAT_FIELDS`` list the fields each route reads with the JSON
 schema of their values (the ranges from ``NUMBERS`` and ``INTEGERS``, the ones checked
-here): ``openapi`` publishes them at ``/openapi.json``.
+here): ``openapi`` publishes them at ``/openapi.json``. The fields accepted with no effect
+and those accepted only at their defaults are in ``openai_ignored``, with the reasons.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .errors import RequestError
+from .openai_ignored import IGNORED, UNSUPPORTED  # the tests read them here too
 
 #: most rows (prompts x n) one request may ask for: one request must fit the engine
 MAX_N = 128
@@ -34,20 +36,10 @@ INTEGERS: dict[str, tuple[int, int | None]] = {
 }
 #: ``logprobs`` of /v1/completions: how many alternatives per token (chat: true or false)
 COMPLETION_LOGPROBS = (0, 5)
-#: accepted and ignored: they change nothing here
-IGNORED = frozenset(
-    {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"}
-)
-#: OpenAI fields the server cannot honour: accepted only at these values (their defaults)
-UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "echo": ((None, False), "echoing the prompt back is not supported"),
-    "best_of": ((None, 1), "best_of is not supported; ask for n choices instead"),
-    "suffix": ((None,), "insertion (suffix) is not supported"),
-    "functions": ((None,), "the deprecated functions field is not supported; use tools"),
-    "function_call": ((None,), "the deprecated function_call is not supported; use tools"),
-    "modalities": ((None, ["text"]), "the server generates text only"),
-    "audio": ((None,), "the server generates text only"),
-}
+#: OpenAI's values of ``reasoning_effort`` and ``verbosity`` (chat): checked here, handed
+#: on as ``ParsedRequest.reasoning_effort`` / ``.verbosity`` for the chat template
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+VERBOSITIES = ("low", "medium", "high")
 
 
 _OBJECT_OR_NULL = {"type": ["object", "null"]}
@@ -124,6 +116,26 @@ _TOOL = _function_tool(
     parameters={"type": "object"},
     strict={"type": ["boolean", "null"]},
 )
+_TEXT_PART = {
+    "type": "object",
+    "required": ["type", "text"],
+    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+}
+_PREDICTION = {
+    "anyOf": [
+        {
+            "type": "object",
+            "required": ["type", "content"],
+            "properties": {
+                "type": {"const": "content"},
+                "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]},
+            },
+        },
+        {"type": "null"},
+    ],
+    "description": "text the answer is expected to repeat: its tokens are drafts for "
+    "speculative decoding (the answer is the same; it may come in fewer forwards)",
+}
 _STREAM_OPTIONS = {
     "type": ["object", "null"],
     "properties": {
@@ -202,6 +214,15 @@ CHAT_FIELDS: dict[str, dict[str, Any]] = {
         **_OBJECT_OR_NULL,
         "description": "variables for the chat template (enable_thinking, ...); not tools",
     },
+    "reasoning_effort": {
+        "enum": [*REASONING_EFFORTS, None],
+        "description": "checked; handed to the chat template builder (docs/server.md)",
+    },
+    "verbosity": {
+        "enum": [*VERBOSITIES, None],
+        "description": "checked; handed to the chat template builder (docs/server.md)",
+    },
+    "prediction": _PREDICTION,
 }
 #: what ``settings_of`` reads by name on either route (every other key is a setting)
 OPENAI_FIELDS = frozenset(COMPLETION_FIELDS) | frozenset(CHAT_FIELDS)
@@ -233,6 +254,15 @@ def boolean(body: Mapping[str, Any], key: str) -> bool | None:
     value = body.get(key)
     if value is not None and not isinstance(value, bool):
         raise RequestError(f"{key} must be true or false, got {value!r}", param=key)
+    return value
+
+
+def one_of(body: Mapping[str, Any], key: str, values: tuple[str, ...]) -> str | None:
+    """A field that takes one of ``values`` (or null)."""
+    value = body.get(key)
+    if value is not None and (not isinstance(value, str) or value not in values):
+        shown = ", ".join(repr(v) for v in values)
+        raise RequestError(f"{key} must be one of {shown} or null, got {value!r}", param=key)
     return value
 
 
@@ -314,4 +344,7 @@ def _stream_options(body: Mapping[str, Any]) -> bool:
     for key in options:
         if key not in ("include_usage", "include_obfuscation"):
             raise RequestError(f"unknown stream option {key!r}", param=f"stream_options.{key}")
+    # include_obfuscation: ortgen pads no chunk (OpenAI's side-channel padding), so it is
+    # only checked
+    boolean(options, "include_obfuscation")
     return bool(boolean(options, "include_usage"))

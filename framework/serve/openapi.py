@@ -2,11 +2,12 @@
 
 Built from the tables the server parses requests with, so it cannot drift from them:
 the OpenAI fields and their ranges (``openai_fields``: ``COMPLETION_FIELDS``,
-``CHAT_FIELDS``, ``IGNORED``, ``UNSUPPORTED``) and the ortgen settings a request may add
-(``ortgen.config.FIELDS``, typed by ``ortgen.config.values``; the Hugging Face fields
-ortgen ignores or accepts only at their default). Value ranges of the ortgen settings
-are checked by ``resolve_config`` and not repeated here: a value of the right type may
-still be refused, with a 400 naming it. Clients and schemathesis read it
+``CHAT_FIELDS``; ``openai_ignored``: ``NO_EFFECT``, ``UNSUPPORTED``, with the reasons)
+and the ortgen settings a request may add (``ortgen.config.FIELDS``, typed by
+``ortgen.config.values``; the Hugging Face fields ortgen ignores or accepts only at
+their default). Value ranges of the ortgen settings are checked by ``resolve_config``
+and not repeated here: a value of the right type may still be refused, with a 400
+naming it. Clients and schemathesis read it
 (``tests/test_fuzz_server.py`` fuzzes the server from it).
 """
 
@@ -19,14 +20,8 @@ from ..config import FIELDS, IGNORED_HF_FIELDS, UNSUPPORTED_HF_FIELDS
 from ..config.values import BOOL_FIELDS, FLOAT_FIELDS, INT_FIELDS, TOKEN_LIST_FIELDS
 from ..version import __version__
 from .chat_page import PAGE_FILES
-from .openai_fields import (
-    CHAT_FIELDS,
-    COMMON_FIELDS,
-    COMPLETION_FIELDS,
-    IGNORED,
-    OPENAI_FIELDS,
-    UNSUPPORTED,
-)
+from .openai_fields import CHAT_FIELDS, COMMON_FIELDS, COMPLETION_FIELDS, OPENAI_FIELDS
+from .openai_ignored import NO_EFFECT, UNSUPPORTED
 
 __all__ = ["openapi_document"]
 
@@ -221,10 +216,10 @@ def _extra_fields() -> dict[str, dict[str, Any]]:
         out[name] = {"description": "a Hugging Face field ortgen ignores (a warning)"}
     for name, (default, why) in UNSUPPORTED_HF_FIELDS.items():
         out[name] = {"enum": [default], "description": f"only the default: {why}"}
-    for name in IGNORED:
-        out[name] = {"description": "accepted and ignored"}
+    for name, (schema, why) in NO_EFFECT.items():
+        out[name] = {**schema, "description": f"accepted, no effect here: {why}"}
     for name, (allowed, why) in UNSUPPORTED.items():
-        out[name] = {"enum": list(allowed), "description": f"only the default: {why}"}
+        out[name] = {"enum": list(allowed), "description": f"only these values: {why}"}
     return out
 
 
