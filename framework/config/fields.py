@@ -143,6 +143,10 @@ class GenerationConfig:
     #: take the tokens a constraint forces (``{"`` after ``{``) without sampling them;
     #: when every row is forced, they cost no forward of their own
     fast_forward: bool = True
+    # reasoning
+    #: most tokens a thought (``<think>...</think>``) may take: then its close tag is
+    #: forced (the ``thinking_budget`` processor); None: no limit
+    thinking_budget: int | None = None
     # ortgen
     seed: int | None = None
     cache: Mapping[str, Any] | None = None  # None: the graph's own default (see chain.py)

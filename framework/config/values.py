@@ -337,6 +337,12 @@ def validate(config: GenerationConfig) -> list[Problem]:
     )
     need(c.mirostat_tau > 0, "mirostat_tau", f"mirostat_tau must be > 0, got {c.mirostat_tau}")
     need(c.mirostat_eta > 0, "mirostat_eta", f"mirostat_eta must be > 0, got {c.mirostat_eta}")
+    # reasoning
+    need(
+        c.thinking_budget is None or c.thinking_budget > 0,
+        "thinking_budget",
+        f"thinking_budget must be > 0 tokens (null: no limit), got {c.thinking_budget}",
+    )
     # ids
     need(c.seed is None or c.seed >= 0, "seed", f"seed must be >= 0, got {c.seed}")
     for key in ("pad_token_id", "bos_token_id", "forced_bos_token_id"):

@@ -97,6 +97,9 @@ def processor_specs(config: GenerationConfig, ctx: GenerationContext | None = No
         }
         specs.append(("begin_suppress_tokens", begin))
     specs.extend(_explicit(c.logits_processors))
+    if c.thinking_budget is not None:  # before the grammar: both follow the same tokens,
+        # and a forced close tag is the budget's (the loop asks forcers in this order)
+        specs.append(("thinking_budget", {"budget": c.thinking_budget}))
     structured = structured_constraint(c)
     if structured is not None:  # after every token rule, before the warpers
         key, value = structured

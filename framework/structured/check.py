@@ -37,10 +37,8 @@ def grammar_text(setting: str, value: Any) -> str:
         return matcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_DEFAULTS)
     if setting == "regex":
         return matcher.grammar_from_regex(value)
-    if setting == "grammar":
-        if value.lstrip().startswith("{"):  # llguidance's own grammar list (JSON)
-            return str(value)
-        return matcher.grammar_from_lark(value)
+    if setting == "grammar":  # a TopLevelGrammar (JSON text) goes to llguidance as is
+        return value if value.lstrip().startswith("{") else matcher.grammar_from_lark(value)
     if setting == "choice":
         options = " | ".join(json.dumps(option, ensure_ascii=False) for option in value)
         return matcher.grammar_from_lark(f"start: {options}")

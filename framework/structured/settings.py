@@ -2,7 +2,10 @@
 
 Five ways to say it, one at a time: ``json_schema`` (a JSON Schema: a dict, JSON text or
 a path to a ``.json`` file), ``json_object`` (any JSON object), ``regex``, ``grammar``
-(a Lark grammar, llguidance's dialect) and ``choice`` (one of a list of strings). This
+(a Lark grammar, llguidance's dialect; or, as text starting with ``{``, llguidance's
+TopLevelGrammar JSON, passed to it as is: several grammars, the first the start, the
+others referred to as ``@name``, which is what ``ortgen.chat_formats.after_thought``
+writes) and ``choice`` (one of a list of strings). This
 module only shapes and checks the values; the built-in ``grammar`` logits processor
 (``ortgen.plugins.grammar``) compiles them, so an unsupported schema keyword is named
 when the request's components are built, before any forward.
