@@ -31,8 +31,9 @@ from tests.fuzz_settings import ANSWERED, REFUSED, answering, fuzz, outcome
 
 REGISTRY = build_registry(make_plugin_manager())
 PROCESSORS = REGISTRY.names("logits_processor")
-#: those that need no tokenizer (the grammar has its own test, on a text vocabulary)
-PLAIN_PROCESSORS = [name for name in PROCESSORS if name != "grammar"]
+#: those that need no tokenizer (the grammar and the thinking budget read text: they run
+#: on a text vocabulary)
+PLAIN_PROCESSORS = [name for name in PROCESSORS if name not in ("grammar", "thinking_budget")]
 SAMPLERS = REGISTRY.names("sampler")
 NAN, INF = float("nan"), float("inf")
 #: every processor that runs on text needs the model's tokenizer (the tiny one's ids)
@@ -120,6 +121,7 @@ def processor_params(name: str, vocab: int) -> st.SearchStrategy[dict[str, Any]]
         ),
         "frequency_penalty": st.fixed_dictionaries({"frequency_penalty": st.floats(-2, 2)}),
         "presence_penalty": st.fixed_dictionaries({"presence_penalty": st.floats(-2, 2)}),
+        "thinking_budget": st.fixed_dictionaries({"budget": st.integers(1, 8)}),
         "grammar": st.sampled_from(
             [
                 {"json_object": True},
