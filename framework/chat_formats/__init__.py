@@ -11,22 +11,34 @@ from __future__ import annotations
 
 from .kit import (
     MAX_PARALLEL_CALLS,
+    arguments_value,
     call_id,
     call_schema,
+    calls_for_template,
     closed,
     held_back,
     json_grammar,
     json_value_end,
     partial_json_text,
+    read_json_call,
+    regex_literal,
+    text_then,
+    with_system,
 )
 
 __all__ = [
     "MAX_PARALLEL_CALLS",
+    "arguments_value",
     "call_id",
     "call_schema",
+    "calls_for_template",
     "closed",
     "held_back",
     "json_grammar",
     "json_value_end",
     "partial_json_text",
+    "read_json_call",
+    "regex_literal",
+    "text_then",
+    "with_system",
 ]
