@@ -85,7 +85,8 @@ def plugins_of(args: argparse.Namespace) -> list[ModuleType]:
 def add_generation_flags(
     parser: argparse.ArgumentParser, *, length: bool = True, cache: bool = True
 ) -> None:
-    """The sampling flags, ``--cache``, ``--do-sample`` and ``--set KEY=VALUE``."""
+    """The sampling flags, ``--cache``, the speculative ones, ``--chat-format``,
+    ``--thinking-budget``, ``--do-sample`` and ``--set KEY=VALUE``."""
     for flag, dest, kind in SAMPLING_FLAGS:
         if length or dest != "max_new_tokens":
             parser.add_argument(flag, dest=dest, type=kind, default=None)
@@ -112,6 +113,20 @@ def add_generation_flags(
         "draft_model:model=FOLDER,num_tokens=4 (docs/plugins.md#drafters)",
     )
     parser.add_argument(
+        "--chat-format",
+        dest="chat_format",
+        metavar="NAME",
+        help="the chat format that writes and reads tool calls and thoughts (e.g. hermes, "
+        "generic; default: the one the chat template speaks; docs/chat-formats.md)",
+    )
+    parser.add_argument(
+        "--thinking-budget",
+        dest="thinking_budget",
+        type=int,
+        metavar="N",
+        help="a thinking model closes its thought after N tokens",
+    )
+    parser.add_argument(
         "--do-sample",
         dest="do_sample",
         action=argparse.BooleanOptionalAction,
@@ -133,6 +148,8 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
     settings = {dest: getattr(args, dest, None) for _, dest, _ in SAMPLING_FLAGS}
     settings["do_sample"] = args.do_sample
     settings["prompt_lookup_num_tokens"] = getattr(args, "prompt_lookup_num_tokens", None)
+    settings["chat_format"] = getattr(args, "chat_format", None)
+    settings["thinking_budget"] = getattr(args, "thinking_budget", None)
     if getattr(args, "cache_spec", None):
         settings["cache"] = component_spec(args.cache_spec)
     if getattr(args, "drafter_spec", None):

@@ -5,7 +5,10 @@ and become a Parquet file only at the end; see ``results.py``. A job under a JSO
 constraint adds a ``parsed`` column, each row's value as JSON text: a Parquet column has
 one type, and the values of one schema need not share one (a field that is a number in
 one row and a string in the next, an empty object Parquet cannot store as a struct),
-where a string column holds any of them.
+where a string column holds any of them. A chat job's rows may add
+``reasoning_content`` (text) and ``tool_calls`` (a list of OpenAI's call structs, the
+arguments as the JSON text the model wrote); like ``parsed``, each column is there only
+when some row has it, so a job without them keeps its schema.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ __all__ = [
 ]
 
 _BATCH_ROWS = 1024  # rows decoded at a time: a large file streams
+#: the columns only some jobs' rows have: a null cell is a row without the key
+_OPTIONAL = ("reasoning_content", "tool_calls")
 
 
 def require_pyarrow() -> tuple[Any, Any]:
@@ -67,7 +72,11 @@ def read_parquet_results(path: Path) -> list[dict[str, Any]]:
                 error["usage"] = row["usage"]
             out.append(error)
             continue
-        record = {k: v for k, v in row.items() if k not in ("error", "parsed")}
+        record = {
+            k: v
+            for k, v in row.items()
+            if k not in ("error", "parsed") and not (k in _OPTIONAL and v is None)
+        }
         if row.get("parsed") is not None:  # JSON text; a null cell: a row without it
             record["parsed"] = json.loads(row["parsed"])
         out.append(record)
@@ -86,6 +95,7 @@ def write_parquet_results(records: list[dict[str, Any]], path: Path) -> None:
     columns = {
         "id": pa.array(ids, type=id_type),
         "text": pa.array([r.get("text") for r in records], type=pa.string()),
+        **_chat_columns(pa, records),
         "tokens": pa.array([r.get("tokens") for r in records], type=pa.list_(pa.int64())),
         "finish_reason": pa.array([r.get("finish_reason") for r in records], pa.string()),
         "usage": pa.array([r.get("usage") for r in records], type=usage),
@@ -106,3 +116,17 @@ def write_parquet_results(records: list[dict[str, Any]], path: Path) -> None:
     except BaseException:
         partial.unlink(missing_ok=True)  # a full disk: do not leave half a table behind
         raise
+
+
+def _chat_columns(pa: Any, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """``reasoning_content`` and ``tool_calls``, each when some row has it."""
+    columns = {}
+    if any("reasoning_content" in r for r in records):
+        thoughts = [r.get("reasoning_content") for r in records]
+        columns["reasoning_content"] = pa.array(thoughts, type=pa.string())
+    if any("tool_calls" in r for r in records):
+        function = pa.struct([("name", pa.string()), ("arguments", pa.string())])
+        call = pa.struct([("id", pa.string()), ("type", pa.string()), ("function", function)])
+        calls = [r.get("tool_calls") for r in records]
+        columns["tool_calls"] = pa.array(calls, type=pa.list_(call))
+    return columns

@@ -13,12 +13,36 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..chat_formats.tools import tool_spec
 from ..errors import InputError, OrtgenError
 from ..request.prompts import row_settings
+from ..structured.response_format import response_format_settings
+from ..structured.settings import CONSTRAINT_FIELDS
 
-__all__ = ["InputRow", "RowChecker", "SettingsCheck", "id_key", "is_parquet", "read_rows"]
+__all__ = [
+    "CHAT_OPTIONS",
+    "InputRow",
+    "RowChecker",
+    "SettingsCheck",
+    "chat_options",
+    "check_chat_options",
+    "id_key",
+    "is_parquet",
+    "read_rows",
+    "replaces_constraint",
+]
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
+#: what a ``messages`` row may carry besides settings, named as in OpenAI's chat
+#: completions: the chat request's options, taken out before its settings are resolved
+CHAT_OPTIONS = (
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
+    "chat_template_kwargs",
+    "reasoning_effort",
+)
 #: Checks a row's own settings (merged over the job's); raises ConfigError when bad.
 SettingsCheck = Callable[[dict[str, Any]], None]
 
@@ -72,13 +96,54 @@ class RowChecker:
         return InputRow(number, unit, row_id, request=request)
 
     def _check(self, request: dict[str, Any]) -> None:
-        own = row_settings(request)
+        own, options = chat_options(row_settings(request))
         if "prompt" in request:
             _check_prompt(request["prompt"])
+            if options:
+                raise InputError(
+                    f'"{next(iter(options))}" is for a chat: give the row "messages", not "prompt"'
+                )
         else:
             _check_messages(request["messages"])
+        own.update(check_chat_options(options, own))
         if own and self._check_settings is not None:
             self._check_settings(own)
+
+
+def chat_options(own: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A row's own keys as (settings, chat options)."""
+    options = {k: v for k, v in own.items() if k in CHAT_OPTIONS}
+    return {k: v for k, v in own.items() if k not in CHAT_OPTIONS}, options
+
+
+def replaces_constraint(options: Mapping[str, Any]) -> bool:
+    """Whether a row's chat options constrain its answer (``response_format``, or tools
+    it may call): that constraint replaces the job's, as a row's own constraint does."""
+    if options.get("response_format") not in (None, {"type": "text"}):
+        return True
+    return bool(options.get("tools")) and options.get("tool_choice") != "none"
+
+
+def check_chat_options(options: Mapping[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:
+    """Check a row's chat options without the model (the request builder checks them
+    again, with it); returns the settings its ``response_format`` stands for."""
+    tools, choice = options.get("tools"), options.get("tool_choice")
+    if tools is not None or choice is not None:
+        tool_spec(tools, choice, options.get("parallel_tool_calls"))
+        if tools is None and choice != "none":
+            tool_spec([], choice)  # raises: a choice with no tools
+    kwargs = options.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise InputError('"chat_template_kwargs" must be an object of template variables')
+    effort = options.get("reasoning_effort")
+    if effort is not None and not isinstance(effort, str):
+        raise InputError(f'"reasoning_effort" must be a string, got {_short(effort)}')
+    added = response_format_settings(options.get("response_format"))
+    given = [k for k in CONSTRAINT_FIELDS if own.get(k) not in (None, False)]
+    if given and replaces_constraint(options):
+        what = "response_format" if added else "tools"
+        raise InputError(f"give {what} or {given[0]}, not both: a request follows one constraint")
+    return added
 
 
 def _check_prompt(prompt: Any) -> None:

@@ -20,12 +20,17 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
+from ..chat_formats.reply import ReplyPlan, read_reply
 from ..errors import ConfigError, InputError, OrtgenError
-from ..request import row_settings
+from ..request import build_chat, row_settings
+from ..request.prompts import row_settings as own_settings
+from ..request.sessions import changed_settings
+from ..structured.response_format import parse_json_output
+from ..structured.settings import CONSTRAINT_FIELDS, constraint
 from .check import InputReport, scan_rows
 from .progress import JobSummary, Progress
 from .results import ResultLog, open_results
-from .rows import InputRow, RowChecker, id_key, read_rows
+from .rows import InputRow, RowChecker, chat_options, id_key, read_rows, replaces_constraint
 
 if TYPE_CHECKING:
     from ..api import TextGenerator
@@ -56,6 +61,7 @@ class _Ready:
     row: InputRow
     ids: list[int]
     own: dict[str, Any]  # the row's own settings
+    plan: ReplyPlan | None = None  # a chat row's answer is read back (thought, calls)
 
 
 def run_job(
@@ -155,16 +161,49 @@ class RowRunner:
                 failed.append(_error(row, row.error))
                 continue
             try:
-                ids, own = self.gen.prompts.encode_row(row.request or {}, row.number)
+                ready.append(self._ready(row))
             except OrtgenError as exc:
                 failed.append(_error(row, _about_the_prompt(str(exc), row.number)))
-                continue
-            ready.append(_Ready(row, ids, own))
         if failed:
             yield failed
         ready.sort(key=lambda r: len(r.ids))  # stable: equal lengths keep file order
         for batch in chunks(ready, self.batch_size):
             yield self._run_batch(batch)
+
+    def _ready(self, row: InputRow) -> _Ready:
+        """A row's prompt and own settings. A ``messages`` row goes through the request
+        builder (``ortgen.request.build_chat``, as ``gen.chat()``) with the job's settings
+        and its own, its chat options (``tools``, ``response_format``, ...) apart: its own
+        settings are then what its request changed (the constraint its tools or thought
+        make), so it still joins a batch."""
+        request = row.request or {}
+        if "messages" not in request:
+            ids, own = self.gen.prompts.encode_row(request, row.number)
+            return _Ready(row, ids, own)
+        own, options = chat_options(own_settings(request))
+        call = self.settings
+        if replaces_constraint(options):  # a row's own constraint replaces the job's
+            call = {k: v for k, v in call.items() if k not in CONSTRAINT_FIELDS}
+        wanted = row_settings(call, own)
+        config = self.gen.resolve_config(wanted).config
+        given = [k for k in CONSTRAINT_FIELDS if wanted.get(k) not in (None, False)]
+        found = constraint(config)
+        if found is not None and not given and not replaces_constraint(options):
+            wanted[found[0]] = found[1]  # the pipeline's ([output]): after a thought, too
+        chat = build_chat(
+            self.gen,
+            request["messages"],
+            wanted,
+            tools=options.get("tools"),
+            tool_choice=options.get("tool_choice"),
+            parallel_tool_calls=options.get("parallel_tool_calls"),
+            response_format=options.get("response_format"),
+            template_kwargs=options.get("chat_template_kwargs"),
+            reasoning_effort=options.get("reasoning_effort"),
+            chat_format=config.chat_format,
+        )
+        ids = self.gen.prompts.check_ids(chat.prompt, row.number)
+        return _Ready(row, ids, changed_settings(chat.settings, self.settings), chat.plan)
 
     def _run_batch(self, batch: list[_Ready]) -> list[dict[str, Any]]:
         requests = [{"prompt": r.ids, **r.own} for r in batch]
@@ -179,24 +218,39 @@ class RowRunner:
         return [self._record(ready, out, i, texts[i]) for i, ready in enumerate(batch)]
 
     def _record(self, ready: _Ready, out: GenerationOutput, i: int, text: Any) -> dict[str, Any]:
-        """Row ``i``'s result line. Under a JSON constraint (``[output]``, or a
-        ``json_schema``/``json_object`` setting) it carries ``parsed``, the JSON value; a
-        row that did not end as whole JSON is an error row saying why, since a result
-        line's ``parsed`` is a promise a downstream reader relies on. That error row keeps
-        its ``usage``: its tokens were generated, and the job's tokens/s counts them."""
-        record = {
-            "id": ready.row.id,
-            "text": text,
-            "tokens": out.tokens[i],
-            "finish_reason": out.finish_reasons[i],
-            "usage": {"prompt_tokens": len(ready.ids), "completion_tokens": len(out.tokens[i])},
-        }
-        if not self._wants_json(ready.own):
-            return record
-        if out.parse_errors is None or out.parse_errors[i] is not None:
+        """Row ``i``'s result line. A chat row read back by its plan has the answer's
+        content as ``text``, its thought as ``reasoning_content`` and its calls as
+        ``tool_calls`` (finish reason "tool_calls" when whole calls ended it). Under a
+        JSON constraint (``[output]``, or a ``json_schema``/``json_object`` setting) it
+        carries ``parsed``, the JSON value (of the content, after a thought); a row that
+        did not end as whole JSON is an error row saying why, since a result line's
+        ``parsed`` is a promise a downstream reader relies on. That error row keeps its
+        ``usage``: its tokens were generated, and the job's tokens/s counts them."""
+        record: dict[str, Any] = {"id": ready.row.id, "text": text}
+        reason = out.finish_reasons[i]
+        plan = ready.plan
+        if plan is not None:
+            reply = read_reply(text or "", plan, reason)
+            record["text"], reason = reply.content or "", reply.finish_reason
+            if reply.reasoning_content is not None:
+                record["reasoning_content"] = reply.reasoning_content
+            if reply.tool_calls:
+                record["tool_calls"] = reply.tool_calls
+        record.update(
+            tokens=out.tokens[i],
+            finish_reason=reason,
+            usage={"prompt_tokens": len(ready.ids), "completion_tokens": len(out.tokens[i])},
+        )
+        if plan is not None and plan.json_answer:  # after a thought: the content's JSON
+            value, why = parse_json_output(record["text"], reason)
+        elif (plan is None or not plan.calls_allowed) and self._wants_json(ready.own):
+            value = out.parsed[i] if out.parse_errors is not None else None
             why = out.parse_errors[i] if out.parse_errors else "the model gave no text to parse"
+        else:
+            return record
+        if why is not None:
             return {**_error(ready.row, why), "usage": record["usage"]}
-        return {**record, "parsed": out.parsed[i]}
+        return {**record, "parsed": value}
 
     def _wants_json(self, own: dict[str, Any]) -> bool:
         """Whether a row's request (its own settings over the job's) asks for JSON; a row
