@@ -36,7 +36,6 @@ from .caches import (
     SelectsRow,
     ShiftsColumns,
 )
-
 from .chat_formats import ChatFormat, MarksReasoning
 
 if TYPE_CHECKING:
