@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from .kit import (
     MAX_PARALLEL_CALLS,
+    PythonCallRules,
     call_id,
     call_schema,
     closed,
@@ -18,10 +19,13 @@ from .kit import (
     json_grammar,
     json_value_end,
     partial_json_text,
+    python_arguments,
+    python_literal,
 )
 
 __all__ = [
     "MAX_PARALLEL_CALLS",
+    "PythonCallRules",
     "call_id",
     "call_schema",
     "closed",
@@ -29,4 +33,6 @@ __all__ = [
     "json_grammar",
     "json_value_end",
     "partial_json_text",
+    "python_arguments",
+    "python_literal",
 ]
