@@ -5,8 +5,9 @@ fresh interpreter with only that folder on ``PYTHONPATH`` must discover it the w
 a user's install would: ``ortgen plugins --json`` lists its components under the
 plugin name ``example`` (the entry-point name), and ``ortgen.load()`` (with no
 ``plugins=`` argument) can use them, with exactly the effect docs/plugins.md
-describes. The model is the tiny random llama (vocabulary 256, no tokenizer), so
-prompts are token ids and decoding is greedy, which makes every effect exact.
+describes; its chat format, found the same way, passes ``check_chat_format``. The
+model is the tiny random llama (vocabulary 256, no tokenizer), so prompts are token ids
+and decoding is greedy, which makes every effect exact.
 """
 
 from __future__ import annotations
@@ -138,6 +139,7 @@ def test_cli_lists_the_components_under_the_entry_point_name(plugin_site: Path) 
         ("stopping_criterion", "stop_tokens"): ("example", ["token_ids"]),
         ("drafter", "repeat_token"): ("example", ["num_tokens", "min_run"]),
         ("kv_cache", "capped_static"): ("example", ["max_positions"]),
+        ("chat_format", "xml_calls"): ("example", []),
     }
 
 
@@ -270,3 +272,47 @@ def test_the_server_runs_the_examples_components(plugin_site: Path, tiny_text_mo
     status, bad = got["bad"]
     assert status == 400 and bad["error"]["param"] == "drafter", bad
     assert "min_run" in bad["error"]["message"]
+
+
+FORMAT_SCRIPT = r"""
+import json
+from ortgen import CallDraft, ParsedAnswer
+from ortgen.plugin_host.manager import build_registry, make_plugin_manager
+from ortgen.testing import check_chat_format, make_tool_spec
+
+entry = build_registry(make_plugin_manager()).get("chat_format", "xml_calls")
+weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+now = {"type": "function", "function": {"name": "now", "parameters": {"type": "object"}}}
+call = '<call name="get_weather">{"city": "Paris"}</call>'
+golden = [
+    (call, ParsedAnswer("", [CallDraft("get_weather", '{"city": "Paris"}', True)])),
+    ("Let me look.\n" + call + '\n<call name="now">{}</call>', ParsedAnswer(
+        "Let me look.", [CallDraft("get_weather", '{"city": "Paris"}', True),
+                         CallDraft("now", "{}", True)])),
+    ("No <call needed.", ParsedAnswer("No <call needed.")),
+    ('<call name="get_weather">{"city": "Pa', ParsedAnswer(
+        "", [CallDraft("get_weather", '{"city": "Pa', False)])),
+]
+accepted = ['<call name="get_weather">{"city":"Paris"}</call>', "Text first.\n"
+            '<call name="now">{}</call>\n<call name="get_weather">{"city":"x"}</call>']
+report = check_chat_format(entry.factory(), golden, make_tool_spec([weather, now]),
+                           grammar_accepts=accepted)
+try:  # a misreading is caught: "Paris" is not "Oslo"
+    oslo = ParsedAnswer("", [("get_weather", {"city": "Oslo"})])
+    check_chat_format(entry.factory(), [(call, oslo)])
+    caught = None
+except AssertionError as exc:
+    caught = str(exc)
+print(json.dumps({"plugin": entry.plugin, "report": report, "caught": caught}))
+"""
+
+
+def test_the_examples_chat_format_passes_check_chat_format(plugin_site: Path) -> None:
+    """The installed ``xml_calls`` format, found through the entry point, reads its
+    answers whole and streamed, and its grammars compile (no model: cheap)."""
+    got = json.loads(_run(plugin_site, "-c", FORMAT_SCRIPT))
+    assert got["plugin"] == "example"
+    assert got["report"]["golden 3"] == "whole and streamed in 38 prefixes"
+    assert got["report"]["grammar_accepts"] == "accepted: 2"
+    assert "call 0 is CallDraft(name='get_weather'" in got["caught"]

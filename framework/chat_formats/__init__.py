@@ -29,6 +29,7 @@ from .kit import (
     text_then,
     with_system,
 )
+from .python_calls import PythonCallRules, python_arguments, python_literal
 from .reasoning import (
     THINK_TAGS,
     ReasoningStream,
@@ -40,6 +41,7 @@ from .reasoning import (
 __all__ = [
     "MAX_PARALLEL_CALLS",
     "THINK_TAGS",
+    "PythonCallRules",
     "ReasoningStream",
     "after_thought",
     "arguments_value",
@@ -52,6 +54,8 @@ __all__ = [
     "json_value_end",
     "opens_thought",
     "partial_json_text",
+    "python_arguments",
+    "python_literal",
     "read_json_call",
     "regex_literal",
     "split_reasoning",

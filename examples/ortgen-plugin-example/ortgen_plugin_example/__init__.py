@@ -1,5 +1,5 @@
-"""An example ortgen plugin: two logits processors, a stopping criterion, a drafter and a
-KV cache composed from a built-in one.
+"""An example ortgen plugin: two logits processors, a stopping criterion, a drafter, a
+KV cache composed from a built-in one and a chat format.
 
 ortgen finds this module through the ``ortgen`` entry-point group (see
 ``pyproject.toml``) and calls its ``@hookimpl`` functions once per ``load()``.
@@ -11,15 +11,18 @@ generated token, so everything that can be worked out in advance is worked out i
 ``__init__``.
 
 Only ``ortgen`` (the public API; for the composed cache also the built-in caches that
-``ortgen.plugins.caches`` makes public) and numpy are imported: a plugin needs no base
-class, only the call shape described in ``ortgen.LogitsProcessor``,
-``ortgen.StoppingCriterion``, ``ortgen.Drafter`` and ``ortgen.KVCache``. The package
+``ortgen.plugins.caches`` makes public, for the chat format the format author's kit
+``ortgen.chat_formats``) and numpy are imported: a plugin needs no base class, only the
+call shape described in ``ortgen.LogitsProcessor``, ``ortgen.StoppingCriterion``,
+``ortgen.Drafter``, ``ortgen.KVCache`` and ``ortgen.ChatFormat``. A chat format is built
+once per model (its factory takes no parameters), not per request. The package
 ships ``py.typed`` and passes ``mypy --strict`` against the installed ortgen (see
 ``[tool.mypy]`` in ``pyproject.toml``).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 from collections.abc import Sequence
@@ -28,15 +31,21 @@ from typing import Any
 import numpy as np
 
 from ortgen import (
+    CallDraft,
+    ChatFormatFactory,
     ConfigError,
     DrafterFactory,
     GenerationContext,
     KVCacheFactory,
     LogitsProcessorFactory,
+    ParsedAnswer,
     Register,
     StoppingCriterionFactory,
+    TemplateProbe,
+    ToolSpec,
     hookimpl,
 )
+from ortgen.chat_formats import held_back, json_grammar, json_value_end, partial_json_text
 
 from .cache import CappedStaticCache
 from .drafter import RepeatTokenDrafter
@@ -47,6 +56,7 @@ __all__ = [
     "RepeatTokenDrafter",
     "SeenTokenPenalty",
     "StopTokens",
+    "XmlCallsFormat",
 ]
 
 
@@ -69,6 +79,11 @@ def register_drafters(register: Register[DrafterFactory]) -> None:
 @hookimpl
 def register_kv_caches(register: Register[KVCacheFactory]) -> None:
     register("capped_static", CappedStaticCache)
+
+
+@hookimpl
+def register_chat_formats(register: Register[ChatFormatFactory]) -> None:
+    register("xml_calls", XmlCallsFormat)
 
 
 def _token_ids(component: str, value: Any, vocab_size: int) -> np.ndarray:
@@ -156,3 +171,122 @@ class StopTokens:
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
         return np.isin(input_ids[:, -1], self.token_ids)  # bool, shape (batch,)
+
+
+# -- a chat format --------------------------------------------------------------------
+
+OPEN, CLOSE = '<call name="', "</call>"
+
+
+class XmlCallsFormat:
+    """Tool calls written as ``<call name="get_weather">{"city": "Paris"}</call>``.
+
+    For a model family whose template teaches that shape (a template that mentions
+    ``<call name="`` picks it; ``chat_format="xml_calls"`` names it for any other). The
+    answer is text, or text followed by calls, one per line. A template that renders no
+    tools gets them described in the system message, and earlier calls as the text the
+    model wrote. The grammar keeps each call's arguments to its function's JSON Schema
+    (compact JSON, through the kit's ``json_grammar``) and allows at most
+    ``spec.max_calls``; ``required`` or a named function allows calls only.
+
+    Reading, as a stream reads it: text before ``<call name="`` is content, holding back
+    a tail that may be the start of that marker; a call's name once its ``">`` is
+    written; its arguments as written (JSON text only grows), complete at ``</call>``.
+    Checked with ``ortgen.testing.check_chat_format``.
+    """
+
+    def recognizes(self, probe: TemplateProbe) -> bool:
+        return OPEN in (probe.with_call or "") or OPEN in probe.source
+
+    def prompt_messages(
+        self,
+        messages: list[dict[str, Any]],
+        spec: ToolSpec | None,
+        *,
+        template_renders_tools: bool,
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        if template_renders_tools:
+            return messages, [dict(t) for t in spec.tools] if spec is not None else None
+        out = [_as_text(m) for m in messages]
+        if spec is None:
+            return out, None
+        listed = json.dumps([t["function"] for t in spec.tools], ensure_ascii=False)
+        told = (
+            f'To call a tool, answer <call name="TOOL">{{JSON arguments}}</call>. Tools: {listed}'
+        )
+        if out and out[0].get("role") == "system" and isinstance(out[0].get("content"), str):
+            return [{**out[0], "content": f"{out[0]['content']}\n\n{told}"}, *out[1:]], None
+        return [{"role": "system", "content": told}, *out], None
+
+    def answer_grammar(self, spec: ToolSpec) -> str:
+        rules = []
+        for number, (name, parameters) in enumerate(spec.functions.items()):
+            rules.append(f'f{number}: {json.dumps(name + chr(34) + ">")} a{number} "{CLOSE}"')
+            rules.append(f"a{number}: {json_grammar(parameters)}")
+        marker = json.dumps(OPEN)
+        more = f' ("\\n" {marker} one)~0..{spec.max_calls - 1}' if spec.max_calls > 1 else ""
+        start = f"{marker} calls" if spec.calls_only else "TEXT | lead calls"
+        return "\n".join(
+            [
+                f"start: {start}",
+                f"calls: one{more}",
+                "one: " + " | ".join(f"f{n}" for n in range(len(spec.functions))),
+                *rules,
+                # a lazy lexeme ends at the first marker: text, then the calls
+                'lead[lazy]: /(?s:.*)<call name="/',
+                'TEXT: /(?s:.+)/ & ~/(?s:.*<call name=".*)/',
+            ]
+        )
+
+    def parse(self, text: str, *, final: bool) -> ParsedAnswer:
+        start = text.find(OPEN)
+        if start < 0:
+            head = text if final else text[: len(text) - held_back(text, [OPEN])]
+            return ParsedAnswer(head.strip())
+        return ParsedAnswer(text[:start].strip(), _calls(text, start + len(OPEN)))
+
+
+def _calls(text: str, at: int) -> list[CallDraft]:
+    """The calls from ``text[at:]`` (just past the first marker) as far as written."""
+    calls: list[CallDraft] = []
+    while True:
+        name_end = text.find('">', at)
+        if name_end < 0:  # the name is being written
+            return [*calls, CallDraft(None)]
+        name, start = text[at:name_end], name_end + 2
+        end = json_value_end(text, start)
+        if end is None:
+            return [*calls, CallDraft(name, partial_json_text(text[start:].lstrip()))]
+        arguments = text[start:end].strip()
+        rest = text[end:].lstrip()
+        if not rest.startswith(CLOSE):  # being closed (or not the shape: left incomplete)
+            return [*calls, CallDraft(name, arguments)]
+        calls.append(CallDraft(name, arguments, _is_object(arguments)))
+        after = rest[len(CLOSE) :].lstrip()
+        if not after.startswith(OPEN):
+            return calls
+        at = len(text) - len(after) + len(OPEN)
+
+
+def _is_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
+def _as_text(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant turn's calls as the text the model wrote."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    written = []
+    for call in calls:
+        function = call.get("function", call)
+        arguments = function.get("arguments", {})
+        text = arguments if isinstance(arguments, str) else json.dumps(arguments)
+        written.append(f'{OPEN}{function.get("name")}">{text}{CLOSE}')
+    content = message.get("content")
+    head = f"{content}\n" if isinstance(content, str) and content else ""
+    rest = {k: v for k, v in message.items() if k != "tool_calls"}
+    return {**rest, "content": head + "\n".join(written)}
