@@ -397,7 +397,8 @@ def test_plugins_text_lists_every_component_with_its_plugin() -> None:
     as_json = run("plugins", "--json")
     assert text.returncode == as_json.returncode == 0
     report = json.loads(as_json.stdout)
-    kinds = ["logits_processor", "sampler", "stopping_criterion", "kv_cache", "drafter"]
+    kinds = ["logits_processor", "sampler", "stopping_criterion", "kv_cache", "drafter",
+             "chat_format"]  # fmt: skip
     assert list(report) == [*kinds, "plugins"]
     expected = []
     for kind in kinds:
@@ -429,6 +430,7 @@ def test_plugins_text_lists_every_component_with_its_plugin() -> None:
         "sampler": {"greedy", "multinomial"},
         "stopping_criterion": {"eos", "max_length", "max_time"},
         "kv_cache": {"dynamic"},
+        "chat_format": {"hermes", "llama3_json", "mistral", "pythonic", "phi4_mini", "generic"},
     }  # fmt: skip
     for kind, names in builtins.items():
         assert names <= {e["name"] for e in report[kind]}, kind

@@ -70,7 +70,7 @@ def test_plugins_lists_the_broken_ones_with_their_cause(site: Path) -> None:
     lines = text.stdout.splitlines()
     plugins = lines[lines.index("plugins:") + 1 :]
     width = len("ortgen.plugins.*")
-    assert plugins[0] == f"  {'ortgen.plugins.*':<{width}} loaded   built-in (17 modules)"
+    assert plugins[0] == f"  {'ortgen.plugins.*':<{width}} loaded   built-in (19 modules)"
     rows = {line.split()[0]: line for line in plugins if not line.startswith("   ")}
     assert rows["broken"].split(None, 2)[1:] == [
         "broken", "broken-dist 1.0, entry point broken = pl_test_broken"

@@ -428,11 +428,16 @@ def test_a_multi_token_close_tag_is_forced_under_its_grammar(qwen3_like) -> None
 def test_drafts_and_a_fork_follow_the_budget(qwen3_like) -> None:
     """Speculative decoding gives the tokens decoding without drafts gives, and a fork
     taken mid-thought goes on as the original does (the budget's state is copied)."""
+    # chat() applies the schema after the thought itself (build_chat: after_thought); a
+    # step object built from messages rows takes the grammar as given
     grammar = after_thought("json_schema", SCHEMA, THINK_TAGS, opened=True)
-    settings = {"grammar": grammar, "thinking_budget": 8, "do_sample": True, "max_new_tokens": 60}
+    common = {"thinking_budget": 8, "do_sample": True, "max_new_tokens": 60}
+    settings = {"grammar": grammar, **common}
     for seed in range(4):
-        plain = qwen3_like.chat(MESSAGES, seed=seed, **settings)
-        drafted = qwen3_like.chat(MESSAGES, seed=seed, prompt_lookup_num_tokens=3, **settings)
+        plain = qwen3_like.chat(MESSAGES, seed=seed, json_schema=SCHEMA, **common)
+        drafted = qwen3_like.chat(
+            MESSAGES, seed=seed, json_schema=SCHEMA, prompt_lookup_num_tokens=3, **common
+        )
         assert drafted.tokens == plain.tokens
         state = qwen3_like.start([{"messages": MESSAGES}], seed=seed, **settings)
         for _ in range(4):
