@@ -73,7 +73,7 @@ def build_chat(
         sources[key] = "response_format"
     tokenizer = gen.tokenizer
     found = probe(tokenizer)
-    name = chat_format or wanted.get("chat_format")
+    name = chat_format or wanted.get("chat_format") or _pipeline_format(gen)
     format_name, fmt = pick_format(gen.registry, tokenizer, name)
     spec = tool_spec(tools, tool_choice, parallel_tool_calls) if tools or tool_choice else None
     if tools is None and tool_choice not in (None, "none"):
@@ -117,6 +117,14 @@ def build_chat(
         json_answer=json_answer and thinks,
     )
     return ChatRequest(prompt, wanted, plan, sources)
+
+
+def _pipeline_format(gen: TextGenerator) -> str | None:
+    """The ``chat_format`` of the generator's own pipeline file (``load(pipeline=...)``,
+    ``ortgen serve --pipeline``), if it names one."""
+    pipeline = getattr(gen, "pipeline", None)
+    value = pipeline.settings.get("chat_format") if pipeline is not None else None
+    return value if isinstance(value, str) else None
 
 
 def _template_kwargs(
