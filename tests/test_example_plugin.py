@@ -316,3 +316,77 @@ def test_the_examples_chat_format_passes_check_chat_format(plugin_site: Path) ->
     assert got["report"]["golden 3"] == "whole and streamed in 38 prefixes"
     assert got["report"]["grammar_accepts"] == "accepted: 2"
     assert "call 0 is CallDraft(name='get_weather'" in got["caught"]
+
+
+CHAT_SCRIPT = r"""
+import json, sys
+import ortgen
+
+folder, pipeline = sys.argv[1], sys.argv[2]
+gen = ortgen.load(folder, threads=1)
+add = {"type": "function", "function": {"name": "add", "parameters": {"type": "object",
+       "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}
+ask = [{"role": "user", "content": "1+2?"}]
+# the template thinks (<think>): a short budget, so the calls come within the limit
+settings = dict(tools=[add], tool_choice="required", max_new_tokens=80, do_sample=True, seed=1,
+                thinking_budget=2)
+named = gen.chat(ask, chat_format="xml_calls", **settings)
+piped = gen.chat(ask, pipeline=pipeline, **settings)
+default = gen.chat(ask, **settings)
+print(json.dumps({
+    "named": [named.finish_reasons, named.tool_calls, named.tokens[0]],
+    "piped": [piped.finish_reasons, piped.tool_calls, piped.tokens[0]],
+    "default_text": gen.tokenizer.decode(default.tokens[0]),
+    "named_text": gen.tokenizer.decode(named.tokens[0]),
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def hermes_family(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.test_chat_formats_server import SPECIAL, TEMPLATE
+    from tests.tiny_models import export_chat_family
+
+    root = tmp_path_factory.mktemp("third-party-format")
+    return export_chat_family(
+        root, "hermes", TEMPLATE.read_text(), special_tokens=SPECIAL, eos="<|im_end|>",
+        control_tokens=SPECIAL[:2],
+    )  # fmt: skip
+
+
+def test_a_third_party_chat_format_is_picked_by_name_everywhere(
+    plugin_site: Path, hermes_family: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The installed ``xml_calls`` format, named in a library call, in a pipeline file's
+    ``[generation]`` and in a server request's ``extra_body``, writes and reads its own
+    calls (``<call name="add">...``) on a model whose template speaks hermes; unnamed,
+    the same model answers in hermes."""
+    pipeline = tmp_path / "xml.toml"
+    pipeline.write_text('[generation]\nchat_format = "xml_calls"\n')
+    got = json.loads(_run(plugin_site, "-c", CHAT_SCRIPT, str(hermes_family), str(pipeline)))
+    for key in ("named", "piped"):
+        reasons, calls, _ = got[key]
+        assert reasons == ["tool_calls"], got
+        assert [c["function"]["name"] for c in calls] == ["add"]
+        assert isinstance(json.loads(calls[0]["function"]["arguments"])["a"], int)
+    assert got["named"][2] == got["piped"][2]  # the same request, the same tokens
+    assert '<call name="add">' in got["named_text"]
+    assert "<tool_call>" in got["default_text"]
+    from tests.server_helpers import ServerProcess
+
+    monkeypatch.setenv("PYTHONPATH", str(plugin_site))
+    server = ServerProcess("--model", str(hermes_family), "--threads", "1").ready()
+    try:
+        answer = server.client().chat.completions.create(
+            model="x", messages=[{"role": "user", "content": "1+2?"}], max_tokens=80,
+            tools=[{"type": "function", "function": {"name": "add", "parameters": {
+                "type": "object", "properties": {"a": {"type": "integer"}},
+                "required": ["a"]}}}],
+            tool_choice="required", seed=1, temperature=1.0,
+            extra_body={"chat_format": "xml_calls", "thinking_budget": 2},
+        )  # fmt: skip
+    finally:
+        server.stop()
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert [c.function.name for c in choice.message.tool_calls] == ["add"]
