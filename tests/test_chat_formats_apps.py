@@ -159,11 +159,6 @@ def test_an_ortgen_run_messages_row_splits_the_thought(thinking_folder, tmp_path
     assert "reasoning_content" not in off and off["text"] == "plan"  # no thought
 
 
-@pytest.mark.xfail(
-    reason="the stand-in reasoning module's after-the-thought grammar does not compile "
-    "(an unescaped / in a Lark regex); passes with the reasoning module",
-    strict=False,
-)
 def test_a_thinking_row_parses_the_json_after_its_thought(thinking, tmp_path) -> None:
     """A thinking row under a JSON constraint: the constraint applies after the thought,
     and ``parsed`` is the content's JSON, as ``gen.chat`` reads it."""
