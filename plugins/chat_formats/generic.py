@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ortgen import CallDraft, InputError, ParsedAnswer, TemplateProbe, ToolSpec
-from ortgen.chat_formats import call_schema, json_grammar, json_value_end
+from ortgen.chat_formats import call_schema, json_grammar, json_value_end, read_json_call
 
 _INSTRUCTIONS = (
     "You can call the following tools to answer the user. Answer with one JSON object: "
@@ -31,7 +31,6 @@ _CALLS_ONLY = (
 )
 _RESPONSE = re.compile(r'\s*\{\s*"response"\s*:\s*"')
 _CALLS = re.compile(r'\s*\{\s*"tool_calls"\s*:\s*\[\s*')
-_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
 
 
 class GenericFormat:
@@ -126,45 +125,21 @@ def _string_prefix(body: str) -> str:
 
 
 def _calls(text: str, index: int) -> list[CallDraft]:
-    """The calls of the ``tool_calls`` list that starts at ``text[index]``."""
+    """The calls of the ``tool_calls`` list that starts at ``text[index]``, each read by
+    the kit's ``read_json_call``; the last one, cut short, is ``complete=False``."""
     calls: list[CallDraft] = []
     while index < len(text):
-        named = _NAME.match(text, index)
-        if named is None:
-            end = json_value_end(text, index)
-            if end is None:
-                if text[index:].strip():
-                    calls.append(CallDraft(None))  # a call begun, its name not yet whole
-                break
-            calls.append(_loose(text[index:end]))
-        else:
-            start = named.end()
-            end = json_value_end(text, start)
-            if end is None:
-                calls.append(CallDraft(json.loads(f'"{named.group(1)}"'), text[start:].rstrip()))
-                break
-            closing = re.match(r"\s*\}", text[end:])
-            arguments = text[start:end].strip()
-            calls.append(
-                CallDraft(json.loads(f'"{named.group(1)}"'), arguments, closing is not None)
-            )
-            if closing is None:
-                break
-            end += closing.end()
+        call, end = read_json_call(text, index)
+        if call is None:
+            break
+        calls.append(call)
+        if end is None:
+            break
         following = re.match(r"\s*,\s*", text[end:])
         if following is None:
             break
         index = end + following.end()
     return calls
-
-
-def _loose(body: str) -> CallDraft:
-    call = json.loads(body)
-    if not isinstance(call, Mapping) or not isinstance(call.get("name"), str):
-        return CallDraft(None)
-    arguments = call.get("arguments", {})
-    text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-    return CallDraft(call["name"], text, True)
 
 
 def _with_system(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:

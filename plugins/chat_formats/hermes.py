@@ -14,15 +14,12 @@ could begin with ``<think>`` would swallow a thought that comes before the answe
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Any
 
 from ortgen import CallDraft, ParsedAnswer, TemplateProbe, ToolSpec
-from ortgen.chat_formats import call_schema, held_back, json_grammar, json_value_end
+from ortgen.chat_formats import call_schema, held_back, json_grammar, read_json_call
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
 
 
 class HermesFormat:
@@ -66,48 +63,15 @@ class HermesFormat:
 
 
 def _calls(text: str, final: bool) -> list[CallDraft]:
-    """The calls of ``text`` (which starts with ``<tool_call>``), the last maybe cut."""
+    """The calls of ``text`` (which starts with ``<tool_call>``), the last maybe cut: each
+    body read by the kit's ``read_json_call`` (name once whole, arguments as written)."""
     calls = []
     for chunk in text.split(OPEN)[1:]:
         body, closed, _ = chunk.partition(CLOSE)
-        calls.append(_call(body, whole=bool(closed)))
+        start = len(body) - len(body.lstrip())
+        call, end = read_json_call(body, start) if body.strip() else (CallDraft(None), None)
+        if call is None:  # a whole value that is no call: the answer's calls end here
+            break
+        whole = bool(closed) and end is not None and not body[end:].strip()
+        calls.append(CallDraft(call.name, call.arguments, call.complete and whole))
     return calls
-
-
-def _call(body: str, *, whole: bool) -> CallDraft:
-    """One call's body as far as written: the name once it is whole, then the arguments
-    as written (the raw JSON text, so what a stream sent is what the reply holds)."""
-    named = _NAME.match(body)
-    if named is None:  # not the grammar's key order, or not yet at the arguments
-        if whole:
-            return _loose(body)
-        return CallDraft(None)
-    name = json.loads(f'"{named.group(1)}"')
-    start = named.end()
-    end = json_value_end(body, start)
-    if end is None:
-        return CallDraft(name, body[start:].rstrip(), False)
-    arguments = body[start:end].strip()
-    rest = body[end:].strip()
-    return CallDraft(name, arguments, whole and rest == "}" and _is_object(arguments))
-
-
-def _loose(body: str) -> CallDraft:
-    """A whole call written in another key order (no grammar held the model to ours)."""
-    try:
-        call = json.loads(body)
-    except ValueError:
-        return CallDraft(None)
-    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-        return CallDraft(None)
-    arguments = call.get("arguments", {})
-    if isinstance(arguments, str):
-        return CallDraft(call["name"], arguments, _is_object(arguments))
-    return CallDraft(call["name"], json.dumps(arguments, ensure_ascii=False), True)
-
-
-def _is_object(text: str) -> bool:
-    try:
-        return isinstance(json.loads(text), dict)
-    except ValueError:
-        return False
