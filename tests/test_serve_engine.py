@@ -441,3 +441,24 @@ def test_health_reports_a_dead_decode_loop(fused_chat) -> None:
         answer = client.get("/health")
         stopped = {"status": "engine_stopped", "stopped": ["tiny"], "models": {"tiny": "loaded"}}
         assert (answer.status_code, answer.json()) == (503, stopped)
+
+
+def test_a_shut_down_engine_ends_its_waiting_rows_and_takes_no_more(tiny_llama_gen) -> None:
+    """An engine shut down (the server stops, or the model pool unloads it) with rows still
+    waiting: each waiting row ends (its reader is not left waiting forever), the queue
+    gauge reads 0 (a model's stats outlive its unloads), and a row submitted after is
+    refused, not queued on an engine that will never take it."""
+    from ortgen.serve.engine import ShuttingDown
+
+    async def go() -> None:
+        engine = Engine(tiny_llama_gen, max_batch=1)  # not started: rows wait
+        handle = engine.submit([5, 6, 7], {"max_new_tokens": 2})
+        assert engine.stats.queue_length == 1
+        engine.shutdown()
+        assert engine.stats.queue_length == 0
+        assert [p async for p in handle.pieces()] == []
+        assert handle.outcome == "cancelled"
+        with pytest.raises(ShuttingDown):
+            engine.submit([5, 6, 7], {"max_new_tokens": 2})
+
+    asyncio.run(asyncio.wait_for(go(), 10))

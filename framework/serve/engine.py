@@ -222,6 +222,8 @@ class Engine:
             chain = self.check_components(prompt, self.check(prompt, settings))
         handle = RowHandle(asyncio.get_running_loop(), prompt, settings, chain)
         with self._wake:
+            if self._stopped:  # shut down between the check above and here (an unload)
+                raise ShuttingDown("the model was unloaded; retry")
             if len(self._waiting) >= self.max_queue:
                 raise QueueFull(
                     f"{len(self._waiting)} requests are already waiting (--max-queue); retry later"
@@ -249,11 +251,17 @@ class Engine:
         """Cancel what is left and stop the loop thread."""
         self._accepting = False
         with self._wake:
-            for handle in self._waiting:
+            for handle in self._waiting:  # ended, so whoever waits on them hears it
                 handle.cancel()
+                self._finish(handle, "cancelled")
+            self._waiting.clear()  # a stopped engine holds nothing: its gauges say so too
+            self.stats.queue_length = 0
             self._stopped = True
             self._wake.notify()
-        self._thread.join(timeout)
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self.stats.batch_size = 0
 
     # -- the engine thread ------------------------------------------------------------
 
