@@ -4,23 +4,24 @@ and a tiny random Llama-3-shaped model whose calls the grammar alone keeps valid
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import jsonschema
-import llguidance
 import pytest
 import transformers
 
 import ortgen
 from ortgen import ParsedAnswer, TemplateProbe, ToolSpec
-from ortgen.chat_formats import closed
 from ortgen.plugins import chat_formats
 from ortgen.plugins.chat_formats.llama3 import Llama3JsonFormat
-from ortgen.plugins.grammar_compile import shared_tokenizer
 from ortgen.protocols.chat_formats import PROBE_ARGUMENTS, PROBE_TOOL
+from ortgen.testing import check_chat_format, make_tool_spec
 from ortgen.text import Tokenizer
+from tests.format_helpers import accepts as accepts_text
 from tests.tiny_models import export_chat_family, save_tiny_tokenizer
 
 FORMAT = Llama3JsonFormat()
@@ -60,15 +61,10 @@ PYTHONIC = (
 
 
 def spec_for(choice: str, *, parallel: bool = True) -> ToolSpec:
-    """The ToolSpec a request with ``TOOLS`` and this ``tool_choice`` gets."""
-    named = None if choice in ("auto", "required") else choice
-    functions = {
-        t["function"]["name"]: closed(t["function"]["parameters"])
-        for t in TOOLS
-        if named is None or t["function"]["name"] == named
-    }
-    max_calls = 3 if parallel and named is None else 1
-    return ToolSpec(TOOLS, functions, choice != "auto", max_calls, named)
+    """The ToolSpec a request with ``TOOLS`` and this ``tool_choice`` gets, at most 3
+    calls when several are allowed (what the grammar tests count to)."""
+    spec = make_tool_spec(TOOLS, choice, parallel_tool_calls=parallel)
+    return dataclasses.replace(spec, max_calls=min(spec.max_calls, 3))
 
 
 # -- which templates are this format's ---------------------------------------------------
@@ -194,25 +190,13 @@ def test_golden_outputs_parse_whole(text: str, content: str, calls: list) -> Non
     assert all(c.complete for c in parsed.calls)
 
 
-def check_stream(text: str, parse: Any) -> None:
-    """Every prefix of ``text`` parsed as not final only grows content, names and
-    arguments, and the last (the whole answer) is the final parse."""
-    before = ParsedAnswer()
-    for end in range(len(text) + 1):
-        now = parse(text[:end], final=False)
-        assert now.content.startswith(before.content), (end, before.content, now.content)
-        assert len(now.calls) >= len([c for c in before.calls if c.name is not None]), end
-        for old, new in zip(before.calls, now.calls, strict=False):
-            assert old.name is None or new.name == old.name, (end, old, new)
-            assert new.arguments.startswith(old.arguments), (end, old, new)
-            assert new.complete or not old.complete, (end, old, new)
-        before = now
-    assert before == parse(text, final=True)  # a whole answer: nothing left to hold back
-
-
-@pytest.mark.parametrize("text", [g[0] for g in GOLDEN])
-def test_golden_outputs_stream_in_every_split(text: str) -> None:
-    check_stream(text, FORMAT.parse)
+def test_golden_outputs_stream_in_every_split() -> None:
+    """Every prefix parsed as not final only grows content, names and arguments, and
+    the whole answer parses as its golden (``ortgen.testing.check_chat_format``)."""
+    golden = [
+        (text, SimpleNamespace(content=content, calls=calls)) for text, content, calls in GOLDEN
+    ]
+    check_chat_format(FORMAT, golden)
 
 
 @pytest.mark.parametrize("text", [g[0] for g in GOLDEN if g[2]])
@@ -227,16 +211,7 @@ def test_a_call_cut_short_is_not_complete(text: str) -> None:
 
 
 def accepts(folder: Path, grammar: str, text: str) -> bool:
-    """Whether ``grammar`` lets a model with the tokenizer in ``folder`` write ``text``
-    and stop there."""
-    tok = Tokenizer.from_folder(folder)
-    eos = tok.encode(EOS, add_special_tokens=False)
-    matcher = llguidance.LLMatcher(
-        shared_tokenizer({}, tok, 256, eos), ortgen.grammar_text("grammar", grammar)
-    )
-    return all(matcher.consume_token(t) for t in tok.encode(text, add_special_tokens=False)) and (
-        matcher.is_accepting()
-    )
+    return accepts_text(folder, grammar, text, EOS)
 
 
 def test_the_grammar_allows_what_each_tool_choice_allows(folders) -> None:

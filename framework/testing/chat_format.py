@@ -28,7 +28,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..chat_formats import MAX_PARALLEL_CALLS, closed
+from ..chat_formats.tools import tool_spec
+from ..errors import InputError
 from ..protocols.chat_formats import CallDraft, ChatFormat, ParsedAnswer, ToolSpec
 
 __all__ = ["check_chat_format", "make_tool_spec"]
@@ -57,31 +58,22 @@ def make_tool_spec(
     tools: Sequence[Mapping[str, Any]],
     tool_choice: str = "auto",
     *,
-    parallel_tool_calls: bool = True,
+    parallel_tool_calls: bool | None = None,
 ) -> ToolSpec:
-    """The :class:`ToolSpec` of a request offering ``tools`` (OpenAI's function tools)
-    with ``tool_choice`` ``"auto"``, ``"required"`` or a function's name: each function's
-    parameters closed as the request builder closes them, one call for a named function,
-    one tool, or ``parallel_tool_calls=False``, else up to ``MAX_PARALLEL_CALLS``."""
-    functions = {
-        t["function"]["name"]: closed(
-            t["function"].get("parameters", {"type": "object", "properties": {}})
-        )
-        for t in tools
-    }
-    named = None if tool_choice in ("auto", "required") else tool_choice
-    if named is not None:
-        if named not in functions:
-            raise ValueError(f"tool_choice names {named!r}, which is not among the tools")
-        functions = {named: functions[named]}
-    one = named is not None or len(tools) == 1 or not parallel_tool_calls
-    return ToolSpec(
-        tools=list(tools),
-        functions=functions,
-        calls_only=tool_choice != "auto",
-        max_calls=1 if one else MAX_PARALLEL_CALLS,
-        named=named,
-    )
+    """The :class:`ToolSpec` a request offering ``tools`` (OpenAI's function tools) with
+    ``tool_choice`` ``"auto"``, ``"required"`` or a function's name gets: made by the
+    request builder's own rule (``ortgen.chat_formats.tools.tool_spec``), so a format is
+    tested against the very spec a request hands it."""
+    choice: Any = tool_choice
+    if tool_choice not in ("auto", "required", "none"):
+        choice = {"type": "function", "function": {"name": tool_choice}}
+    try:
+        spec = tool_spec(tools, choice, parallel_tool_calls)
+    except InputError as exc:
+        raise ValueError(str(exc)) from None
+    if spec is None:
+        raise ValueError(f"tool_choice {tool_choice!r} with these tools offers no calls")
+    return spec
 
 
 def check_chat_format(
