@@ -41,6 +41,7 @@ TIMEOUT = 30
 ANSWERS = {
     "/v1/completions": SCHEMAS["Completion"],
     "/v1/chat/completions": SCHEMAS["ChatCompletion"],
+    "/v1/responses": SCHEMAS["Response"],
     "/v1/models": SCHEMAS["ModelList"],
     "/v1/models/{model_id}": SCHEMAS["Model"],
 }
@@ -107,9 +108,12 @@ def check_answer(path: str, response: Any) -> bool:
 def check_stream(text: str, *, cut_short: bool) -> bool:
     """Server-sent events: JSON chunks, then ``[DONE]``; an error event (a request the
     engine refused) is the request's fault, never the server's. Whether it was an
-    answer: chunks ending in ``[DONE]``."""
+    answer: chunks ending in ``[DONE]`` (a Responses stream: typed events ending in
+    ``response.completed`` or ``response.incomplete``)."""
     datas = [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
     assert datas or cut_short, text[:2000]
+    if datas and '"type":"response.created"' in datas[0]:
+        return check_response_events(datas, cut_short=cut_short)
     for data in datas:
         if data == "[DONE]":
             continue
@@ -124,10 +128,26 @@ def check_stream(text: str, *, cut_short: bool) -> bool:
     return bool(datas) and datas[-1] == "[DONE]"
 
 
+def check_response_events(datas: list[str], *, cut_short: bool) -> bool:
+    """A Responses stream: typed events numbered from 0, ending in the whole response
+    (which fits the document) or in an ``error`` event that is the request's fault."""
+    events = [json.loads(data) for data in datas]
+    assert [e["sequence_number"] for e in events] == list(range(len(events))), events[:3]
+    last = events[-1]
+    if last["type"] == "error":
+        assert last["code"] != "server_error", last
+        return False
+    if not cut_short:
+        assert last["type"] in ("response.completed", "response.incomplete"), last
+        jsonschema.validate(last["response"], SCHEMAS["Response"])
+    return not cut_short
+
+
 #: a prompt the model can always answer, for bodies whose own prompt would fail first
 PLAIN = {
     "/v1/completions": ("prompt", "hi"),
     "/v1/chat/completions": ("messages", [{"role": "user", "content": "hi"}]),
+    "/v1/responses": ("input", "hi"),
 }
 
 
@@ -138,6 +158,7 @@ CASES = {
     for method, path in [
         ("POST", "/v1/completions"),
         ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/responses"),
         ("GET", "/v1/models/{model_id}"),
     ]
     for mode in ("positive", "negative")
@@ -157,14 +178,14 @@ def send(server: Any, case: Any, plain: bool) -> bool:
     return check_answer(path, response)
 
 
-ROUTES = ["/v1/completions", "/v1/chat/completions"]
+ROUTES = ["/v1/completions", "/v1/chat/completions", "/v1/responses"]
 
 
 #: Bodies that fit the schema are not all valid: the schema gives ortgen's settings their
 #: types, not their ranges and combinations, and a random conversation mostly fails the
 #: chat template. A working server answered 22-55% of them (8 runs of 40 over both
 #: routes; 32% of 800 under `make fuzz`), so at least 5% must be, and at least one: a
-#: server that refuses every request fails here. The two routes share the 40 examples
+#: server that refuses every request fails here. The routes share the 40 examples
 #: (each had 12 of its own before, too few for a floor).
 @answering(0.05)
 @fuzz(40, long=800)

@@ -104,6 +104,9 @@ def pick_format(
 ) -> tuple[str, ChatFormat]:
     """The request's chat format and its name (see module doc). An unknown name is a
     ConfigError naming ``chat_format`` and the registered formats."""
+    if name is not None and not isinstance(name, str):  # a request's value, unchecked so far
+        message = f"chat_format must be a format's name, got {name!r:.60}"
+        raise ConfigError(message, problems=[("chat_format", message)])
     cache_key = registry
     with _lock:
         known = _formats.get(cache_key, {}).get(name if name else _key(tokenizer))

@@ -40,6 +40,7 @@ from .model_pool import ServedModel
 from .openai_api import ParsedRequest, parse_chat, parse_completion
 from .openapi import PUBLIC_PATHS, openapi_document
 from .responses import Answer, Choice
+from .responses_route import create_response
 from .state import ServerState
 from .tokenize import detokenize_body, tokenize_body
 
@@ -52,6 +53,7 @@ MAX_DEPTH = 100
 ROUTES = (
     "/v1/completions",
     "/v1/chat/completions",
+    "/v1/responses",
     "/v1/models",
     "/health",
     "/metrics",
@@ -434,6 +436,7 @@ def build_app(state: ServerState) -> Starlette:
         routes=[
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/responses", create_response, methods=["POST"]),
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
             Route("/health", health, methods=["GET"]),

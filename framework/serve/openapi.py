@@ -2,7 +2,8 @@
 
 Built from the tables the server parses requests with, so it cannot drift from them:
 the OpenAI fields and their ranges (``openai_fields``: ``COMPLETION_FIELDS``,
-``CHAT_FIELDS``; ``openai_ignored``: ``NO_EFFECT``, ``UNSUPPORTED``, with the reasons)
+``CHAT_FIELDS``; ``openai_ignored``: ``NO_EFFECT``, ``UNSUPPORTED``, with the reasons;
+``responses_api``: ``RESPONSES_FIELDS`` and the fields accepted only at some values)
 and the ortgen settings a request may add (``ortgen.config.FIELDS``, typed by
 ``ortgen.config.values``; the Hugging Face fields ortgen ignores or accepts only at
 their default). Value ranges of the ortgen settings are checked by ``resolve_config``
@@ -22,6 +23,7 @@ from ..version import __version__
 from .chat_page import PAGE_FILES
 from .openai_fields import CHAT_FIELDS, COMMON_FIELDS, COMPLETION_FIELDS, OPENAI_FIELDS
 from .openai_ignored import NO_EFFECT, UNSUPPORTED
+from .responses_api import RESPONSES_FIELDS, accepted_fields
 
 __all__ = ["openapi_document"]
 
@@ -104,6 +106,41 @@ _CHAT_COMPLETION = _answer(
         },
     },
 )
+_RESPONSE = {
+    "type": "object",
+    "required": ["id", "object", "created_at", "status", "model", "output", "usage"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"const": "response"},
+        "created_at": {"type": "integer"},
+        "status": {"enum": ["completed", "incomplete"]},
+        "incomplete_details": {
+            "type": ["object", "null"],
+            "properties": {"reason": {"const": "max_output_tokens"}},
+        },
+        "model": {"type": "string"},
+        "output": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["type", "id"],
+                "properties": {
+                    "type": {"enum": ["reasoning", "message", "function_call"]},
+                    "id": {"type": "string"},
+                    "status": {"enum": ["completed", "incomplete"]},
+                },
+            },
+        },
+        "usage": {
+            "type": "object",
+            "required": ["input_tokens", "output_tokens", "total_tokens"],
+            "properties": {
+                key: {"type": "integer", "minimum": 0}
+                for key in ("input_tokens", "output_tokens", "total_tokens")
+            },
+        },
+    },
+}
 _MODEL = {
     "type": "object",
     "required": ["id", "object", "created", "owned_by"],
@@ -235,6 +272,24 @@ def _request(fields: dict[str, dict[str, Any]], required: str) -> dict[str, Any]
     }
 
 
+def _responses_request() -> dict[str, Any]:
+    """``/v1/responses``: its own fields, those accepted with no effect or only at some
+    values (with the reason), and every ortgen setting; Chat Completions' other fields
+    are refused there (a 400 naming the Responses spelling), so they are not listed."""
+    extra = {
+        name: schema
+        for name, schema in _extra_fields().items()
+        if name not in NO_EFFECT and name not in UNSUPPORTED and name not in OPENAI_FIELDS
+    }
+    extra.update(accepted_fields())
+    return {
+        "type": "object",
+        "required": ["input"],
+        "properties": {**extra, **RESPONSES_FIELDS},
+        "additionalProperties": False,
+    }
+
+
 def _naming(request: dict[str, Any], models: Sequence[str]) -> dict[str, Any]:
     """A request schema whose ``model`` lists the served ids (a copy: the tables stay)."""
     if not models:
@@ -252,7 +307,12 @@ def _errors(*statuses: int) -> dict[str, Any]:
     return {str(status): _json(error, "an OpenAI error body") for status in statuses}
 
 
-def _generation(request: str, answer: str, summary: str) -> dict[str, Any]:
+def _generation(
+    request: str,
+    answer: str,
+    summary: str,
+    stream: str = "server-sent events of chunks, then data: [DONE]",
+) -> dict[str, Any]:
     return {
         "post": {
             "summary": summary,
@@ -264,8 +324,7 @@ def _generation(request: str, answer: str, summary: str) -> dict[str, Any]:
             },
             "responses": {
                 "200": {
-                    "description": "the answer; with stream=true, server-sent events of "
-                    "chunks, then data: [DONE]",
+                    "description": f"the answer; with stream=true, {stream}",
                     "content": {
                         "application/json": {"schema": {"$ref": f"#/components/schemas/{answer}"}},
                         "text/event-stream": {"schema": {"type": "string"}},
@@ -312,6 +371,12 @@ def openapi_document(
         "/v1/completions": _generation("CompletionRequest", "Completion", "a text completion"),
         "/v1/chat/completions": _generation(
             "ChatCompletionRequest", "ChatCompletion", "an answer to a conversation"
+        ),
+        "/v1/responses": _generation(
+            "ResponseRequest",
+            "Response",
+            "a response to input items (OpenAI's Responses API, stateless)",
+            "server-sent typed events (response.created ... response.completed)",
         ),
         "/v1/models": {
             "get": {
@@ -391,6 +456,8 @@ def openapi_document(
                 "ChatCompletionRequest": _naming(_request(CHAT_FIELDS, "messages"), models),
                 "Completion": _COMPLETION,
                 "ChatCompletion": _CHAT_COMPLETION,
+                "ResponseRequest": _naming(_responses_request(), models),
+                "Response": _RESPONSE,
                 "Model": _MODEL,
                 "ModelList": _MODEL_LIST,
                 "Error": _ERROR,
