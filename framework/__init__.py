@@ -87,13 +87,15 @@ if TYPE_CHECKING:
     from .loop.generate import Generation
     from .loop.step_report import Admitted, StepReport
     from .plugin_host.chains import logits_processors
-    from .request.outputs import GenerationOutput, StreamPiece
+    from .request.outputs import GenerationOutput, PromptScore, StreamPiece, TokenLogprob
     from .text.stop_strings import StopStringMatcher
 
 
 _LAZY = {
     "GenerationOutput": "request.outputs",
     "StreamPiece": "request.outputs",
+    "PromptScore": "request.outputs",
+    "TokenLogprob": "request.outputs",
     "TextGenerator": "api",
     "load": "api",
     "Generation": "loop.generate",
@@ -179,6 +181,7 @@ __all__ = [
     "ParsedAnswer",
     "PluginError",
     "PreparesAhead",
+    "PromptScore",
     "Register",
     "Reseedable",
     "ReusesPrefixes",
@@ -196,6 +199,7 @@ __all__ = [
     "StreamPiece",
     "TemplateProbe",
     "TextGenerator",
+    "TokenLogprob",
     "ToolSpec",
     "WorksOnCandidates",
     "__version__",

@@ -27,7 +27,7 @@ from .plugin_host.registry import Registry
 from .protocols import GenerationContext, LiftsContext
 from .request import build_chat, row_settings, start_generation
 from .request import max_length as context_max_length
-from .request.outputs import GenerationOutput, StreamPiece, output_of, with_reply
+from .request.outputs import GenerationOutput, PromptScore, StreamPiece, output_of, with_reply
 from .request.prompts import Prompt, PromptEncoder, Prompts
 from .text import Tokenizer, load_tokenizer
 
@@ -137,6 +137,32 @@ class TextGenerator:
         if state.chain.drafter is not None:  # drafted, accepted, verify_forwards, rate
             stats.update({k: float(v) for k, v in state.speculation_stats().items()})
         return output_of(state, single, stats)
+
+    def score(
+        self,
+        prompts: Prompts,
+        *,
+        top_logprobs: int = 0,
+        pipeline: PipelineArg = None,
+        **settings: Any,
+    ) -> PromptScore | list[PromptScore]:
+        """Score prompts (text or token ids, one or a batch of any lengths): each token's
+        log-probability under the model given the tokens before it (None for the first),
+        their sum, and with ``top_logprobs=N`` each position's N best alternatives. One
+        prefill per batch and nothing generated (``prompt_logprobs``, docs/config.md)."""
+        fixed = {"prompt_logprobs": top_logprobs, "max_new_tokens": 1, "num_beams": 1}
+        fixed["num_return_sequences"] = 1
+        clash = sorted(set(settings) & set(fixed))
+        if clash:
+            raise InputError(f"score() sets {', '.join(clash)} itself; use generate() for it")
+        rows, single, configs, seeds = self._prepare(prompts, {**settings, **fixed}, pipeline)
+        state = self._start(rows, configs, seeds)
+        state.prefill()
+        scores = [
+            PromptScore.of(row, state.prompt_logprobs(i), top_logprobs)
+            for i, row in enumerate(rows)
+        ]
+        return scores[0] if single else scores
 
     def stream(
         self, prompt: Prompt, *, pipeline: PipelineArg = None, **settings: Any

@@ -116,7 +116,7 @@ COMPLETION_ACCEPTED: dict[str, Any] = {
     "model": "gpt-3.5-turbo-instruct",
     "prompt": "hello",
     "best_of": 1,
-    "echo": False,
+    "echo": True,
     "frequency_penalty": 0.5,
     "logit_bias": {"5": 2},
     "logprobs": 2,
@@ -132,7 +132,7 @@ COMPLETION_ACCEPTED: dict[str, Any] = {
     "top_p": 0.9,
     "user": "user-7f3a",
 }
-COMPLETION_REFUSED: dict[str, Any] = {"best_of": 3, "echo": True, "suffix": " the end."}
+COMPLETION_REFUSED: dict[str, Any] = {"best_of": 3, "suffix": " the end."}
 
 
 def _fields(params: Any) -> set[str]:

@@ -321,7 +321,7 @@ BAD = [
     (C, {"prompt": []}, "prompt"),
     (C, {"prompt": [[1, 2], "mixed", 3]}, "prompt"),
     (C, {"logprobs": 6}, "logprobs"),
-    (C, {"echo": True}, "echo"),
+    (C, {"max_tokens": 0}, "max_tokens"),
     (C, {"best_of": 2}, "best_of"),
     (C, {"suffix": "end"}, "suffix"),
     (C, {"model": 5}, "model"),

@@ -130,6 +130,7 @@ class GenerationConfig:
     output_logits: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+    prompt_logprobs: int | None = None
     # special tokens
     eos_token_id: int | tuple[int, ...] | None = None
     pad_token_id: int | None = None

@@ -298,6 +298,11 @@ def validate(config: GenerationConfig) -> list[Problem]:
         "top_logprobs",
         f"top_logprobs must be in [0, 20], got {c.top_logprobs}",
     )
+    need(
+        c.prompt_logprobs is None or 0 <= c.prompt_logprobs <= 20,
+        "prompt_logprobs",
+        f"prompt_logprobs must be in [0, 20] (null: none), got {c.prompt_logprobs}",
+    )
     # llama.cpp
     need(
         c.top_n_sigma is None or c.top_n_sigma > 0,

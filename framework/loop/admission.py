@@ -144,11 +144,13 @@ class Admission(StepFields):
         self.length += 1
 
     def _prefill_joined(self, row: int, prompt: list[int], pad: int, end: int) -> np.ndarray:
-        """The joining row's prompt fed alone (what the cache already holds skipped);
+        """The joining row's prompt fed alone (what the cache already holds skipped,
+        unless the row asked for prompt logprobs: those need every position's logits);
         the last position's logits (1, V)."""
         kv = self._kv
         key = tuple(prompt)
-        held = self._prefilled.get(key)
+        scoring = bool(self.record.prompt_tops[row] >= 0)
+        held = self._prefilled.get(key) if not scoring else None
         if held is not None and kv.copies is not None:  # the same keys/values, exactly
             logits, source = held
             self._cache_call(kv.copies.copy_row, source, row, len(prompt))
@@ -156,11 +158,18 @@ class Admission(StepFields):
             return logits.copy()
         taken = 0
         if kv.row_prefixes is not None:
-            reuse_row = kv.row_prefixes.reuse_row
-            taken = int(self._cache_call(reuse_row, row, prompt, self.prefill_chunk))
+            if scoring:  # nothing taken; what the slot held before is forgotten
+                self._cache_call(kv.row_prefixes.note_row, row, (), 0, self.prefill_chunk)
+            else:
+                reuse_row = kv.row_prefixes.reuse_row
+                taken = int(self._cache_call(reuse_row, row, prompt, self.prefill_chunk))
+        rows = np.asarray([row])
         try:
             for first in range(pad + taken, end, self.prefill_chunk):
-                logits = self._run_row(row, first, min(end, first + self.prefill_chunk))
+                stop = min(end, first + self.prefill_chunk)
+                logits = self._run_row(row, first, stop, stop - first if scoring else 1)
+                if scoring:
+                    self._score_prompt(logits, rows, first)
         finally:
             self._select(None)
         last = np.array(logits[:, -1, :], dtype=np.float32)

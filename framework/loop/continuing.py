@@ -113,6 +113,16 @@ class Continuing(StepFields):
                 self.fed = end
             return np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
 
+    def prefill(self) -> None:
+        """Feed the prompt and pick nothing: what ``TextGenerator.score()`` runs for the
+        prompt logprobs the request asked for (``prompt_logprobs``; read them with
+        ``prompt_logprobs(row)``). Only ``force()`` may follow: there is no token to
+        pick after, since the model has seen every one."""
+        with self._driver.hold("prefill"):
+            if self.fed >= self.length:
+                raise InputError("prefill() needs tokens the model has not seen")
+            self._forward()
+
     def _force(self, tokens: Sequence[int]) -> np.ndarray:
         width = len(tokens)
         if width:
@@ -148,6 +158,7 @@ class Continuing(StepFields):
             self.prompt_length = self.length
             self.rows.prompt_end[:] = self.length
             self.record = StepRecord(self.batch_size, self.rows.ids.shape[1], **chain.record)
+            self._scoring = chain.record.get("prompt_logprobs") is not None  # this turn's
             self._note_components()
         else:  # the same components go on: those that follow tokens are told
             self._advance([list(map(int, row)) for row in tokens])

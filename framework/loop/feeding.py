@@ -3,9 +3,10 @@
 Split out of ``generate.py`` so the step object reads as the loop (forward → processors
 → sampler → append → stop) and this file as the feeding rules: prefill in chunks, rows
 one at a time where a shared-buffer graph needs it, what a cache already holds
-(``reuse``), and what it lets the graph see (``feed_mask``). ``Feeding`` is a mixin of
+(``reuse``), and what it lets the graph see (``feed_mask``), and the prompt logprobs a
+request may ask of its prefill (``prompt_scoring``). ``Feeding`` is a mixin of
 ``Generation`` and uses its buffers (``rows``: ids, mask, pads, reused; ``length``,
-``fed``, ``chain``, ``model``, ``_binding``, ``steps``).
+``fed``, ``chain``, ``model``, ``_binding``, ``steps``, ``record``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 from ..errors import ComponentError, InputError
 from ..model.session import ExportedModel
 from .cache_view import CacheView
+from .prompt_scoring import score_positions
 from .step_fields import StepFields
 
 #: Most positions fed to the model in one forward (see ``Feeding._forward``).
@@ -106,14 +108,38 @@ class Feeding(StepFields):
 
     def _forward_chunk(self, start: int, end: int, keep: int = 1) -> np.ndarray:
         """Feed columns [start, end); logits of the last ``keep`` positions at least (a
-        graph with ``logits_to_keep`` gives exactly those, others every fed position)."""
+        graph with ``logits_to_keep`` gives exactly those, others every fed position).
+        A prefill chunk of a request that asked for prompt logprobs gets every
+        position's logits, and scores the prompt tokens they predict."""
+        scoring = self._scoring and start < self.prompt_length
         if self._by_rows(start, end):
-            return self._forward_rows(start, end)
+            return self._forward_rows(start, end, scoring)
         positions = None
         if self.model.signature.has_position_ids:
             positions = self._positions(start, end)
         ids, mask = self.rows.ids[:, start:end], self.rows.mask[:, :end]
-        return self._run(ids, mask, positions, keep)
+        logits = self._run(ids, mask, positions, end - start if scoring else keep)
+        if scoring:
+            self._score_prompt(logits, np.arange(self.batch_size), start)
+        return logits
+
+    def _score_prompt(self, logits: np.ndarray, rows: np.ndarray, first: int) -> None:
+        """Score the prompt tokens that ``logits`` (R, T, V) predict: ``logits[i, j]`` is
+        at row ``rows[i]``'s column ``first + j`` and predicts the token in the next
+        column, scored when that row asked and the token is one of its prompt's after the
+        first (``prompt_scoring``; kept in ``record``)."""
+        record = self.record
+        targets = first + 1 + np.arange(logits.shape[1])  # the column each predicts
+        real = targets[None, :] > self.rows.pads[rows, None]  # not padding nor the first
+        prompt = targets[None, :] < self.rows.prompt_end[rows, None]
+        asked = record.prompt_tops[rows, None] >= 0
+        which, steps = np.nonzero(real & prompt & asked)
+        if not len(which):
+            return
+        columns = targets[steps]
+        tokens = self.rows.ids[rows[which], columns]
+        top = int(record.prompt_tops[rows].max())
+        record.keep_prompt(rows[which], columns, score_positions(logits, which, steps, tokens, top))
 
     def _by_rows(self, start: int, end: int) -> bool:
         """Whether positions [start, end) go row by row: on a shared-buffer graph, for
@@ -139,12 +165,13 @@ class Feeding(StepFields):
         # every token from the prompt on is real: a position is its column less the padding
         return start - self.rows.pads[:, None] + np.arange(end - start)
 
-    def _forward_rows(self, start: int, end: int) -> np.ndarray:
+    def _forward_rows(self, start: int, end: int, scoring: bool = False) -> np.ndarray:
         """Prefill positions [start, end) row by row, without the left padding.
 
         A shared-buffer graph keeps each row's keys/values from position 0 and reads a
         row's length from its mask, so a padded row is fed only its real tokens; the
         cache exposes one row at a time. Returns each row's last logits, (B, 1, V).
+        ``scoring``: every position's logits, and the prompt tokens they predict scored.
         """
         last = end == self.length  # only the last chunk's logits are used
         rows = []
@@ -154,7 +181,9 @@ class Feeding(StepFields):
                 first = max(start, pad + int(self.rows.reused[row]))  # reused: already held
                 if first >= end:  # this chunk is all padding for the row (never the last)
                     continue
-                logits = self._run_row(row, first, end)
+                logits = self._run_row(row, first, end, end - first if scoring else 1)
+                if scoring:
+                    self._score_prompt(logits, np.asarray([row]), first)
                 if last:
                     rows.append(logits[:, -1:].copy())
         finally:
@@ -163,7 +192,7 @@ class Feeding(StepFields):
             return np.empty((self.batch_size, 1, 0), dtype=np.float32)
         return np.concatenate(rows, axis=0)
 
-    def _run_row(self, row: int, first: int, end: int) -> np.ndarray:
+    def _run_row(self, row: int, first: int, end: int, keep: int = 1) -> np.ndarray:
         """Feed ``row``'s columns [first, end) alone: the cache exposes that row (the
         caller selects all rows again when done), and the row is seen without its left
         padding, as the request alone (the mask is its real length so far, the
@@ -174,7 +203,7 @@ class Feeding(StepFields):
         positions = None
         if self.model.signature.has_position_ids:
             positions = np.arange(first - pad, end - pad, dtype=np.int64)[None]
-        return self._run(self.rows.ids[row : row + 1, first:end], mask, positions)
+        return self._run(self.rows.ids[row : row + 1, first:end], mask, positions, keep)
 
     def _run(
         self, input_ids: np.ndarray, mask: np.ndarray, positions: np.ndarray | None, keep: int = 1

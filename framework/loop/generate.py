@@ -37,6 +37,7 @@ from .continuing import Continuing
 from .feeding import PREFILL_CHUNK, Feeding
 from .following import Following
 from .picking import Picking
+from .prompt_scoring import TokenLogprob
 from .rows import RowState
 from .speculating import Speculating
 from .step_record import StepRecord
@@ -77,8 +78,11 @@ class Generation(Feeding, Following, Picking, Speculating, Continuing, Admission
         self.rows = _rows_for(prompts, self.prompt_length, max_length, pad_token_id, chains)
         self.length = self.prompt_length  # tokens in the buffer, per row (padding included)
         self._regroup()
+        # prompt logprobs need every prompt position's logits: nothing is taken from a cache
+        self._scoring = chain.record.get("prompt_logprobs") is not None
         # prompt tokens per row whose keys/values the cache already holds (prefix reuse)
-        self.rows.reused = self._reuse([list(p) for p in prompts])
+        if not self._scoring:
+            self.rows.reused = self._reuse([list(p) for p in prompts])
         # a shared-buffer graph packs rows from position 0: padded prompts, or rows that
         # reuse different prefixes, go row by row
         starts = self.rows.pads + self.rows.reused
@@ -125,6 +129,7 @@ class Generation(Feeding, Following, Picking, Speculating, Continuing, Admission
         self.fed = 0  # positions the cache holds
         self.steps = 0
         self.prefill_chunk = PREFILL_CHUNK
+        self._scoring = False
         self._solo: set[int] = set()  # ids of chains that see their one row without padding
         self._batch = batch  # a request's own rows, or rows that join and leave
         #: the cache every row shares, with its optional capabilities found once
@@ -193,6 +198,15 @@ class Generation(Feeding, Following, Picking, Speculating, Continuing, Admission
         """Per generated token of ``row``, the ``top_logprobs`` best (token, logprob) pairs."""
         self._need_record("top_logprobs", bool(self.record.tops[row] > 0))
         return self.record.top_logprobs(row, int(self.rows.prompt_end[row]), self.row_end(row))
+
+    def prompt_logprobs(self, row: int = 0) -> list[TokenLogprob | None]:
+        """Each prompt token of ``row`` (``prompt_logprobs=N``): its log-probability under
+        the raw model given the tokens before it, its rank and the N best alternatives
+        (``TokenLogprob``); None for the first token, which has nothing before it, and
+        for tokens not scored (a turn's history when an appended turn asked)."""
+        self._need_record("prompt_logprobs", bool(self.record.prompt_tops[row] >= 0))
+        pad, end = int(self.rows.pads[row]), int(self.rows.prompt_end[row])
+        return self.record.prompt_logprobs(row, pad, self.rows.ids[row, pad:end].tolist())
 
     def text(self, row: int = 0) -> str:
         """The text generated for ``row`` in this turn, cut before a stop string; the

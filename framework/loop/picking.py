@@ -123,9 +123,10 @@ class Picking(StepFields):
         one without ``uses_scores = False``); the others get None. ``only``: a joining
         row alone (its group is its own, ``scores`` its (1, V) row)."""
         input_ids = self.sequences
-        if only is not None:
-            for rows, chain in self._groups:
-                if rows is not None and int(rows[0]) in only and not self._has_failed(rows):
+        if only is not None:  # the groups of the joining rows alone (all rows: the batch is
+            for rows, chain in self._groups:  # one joining row, e.g. an empty batch's first)
+                members = rows.tolist() if rows is not None else range(self.batch_size)
+                if set(members) <= set(only) and not self._has_failed(rows):
                     ids, _ = self._group_view(rows, chain, input_ids, None)
                     dense_row = scoring.dense(scores)
                     stop = partial(self._stop_group, rows, chain, ids, dense_row)

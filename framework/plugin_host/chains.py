@@ -257,6 +257,7 @@ def build_chain(
             "top_logprobs": config.top_logprobs if config.num_beams == 1 else 0,
             "scores": config.output_scores,
             "logits": config.output_logits,
+            "prompt_logprobs": config.prompt_logprobs,
         },
     )
 

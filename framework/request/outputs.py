@@ -14,11 +14,20 @@ import numpy as np
 
 from ..chat_formats.reply import ReplyPlan, read_reply
 from ..loop.generate import Generation
+from ..loop.prompt_scoring import TokenLogprob
 from ..protocols import BeamsPerPrompt, KeepsSequenceLogprobs
 from ..structured.response_format import parse_json_output
 from ..text import RowText
 
-__all__ = ["GenerationOutput", "StreamPiece", "output_of", "with_reply"]
+__all__ = [
+    "GenerationOutput",
+    "PromptScore",
+    "StreamPiece",
+    "TokenLogprob",
+    "output_of",
+    "prompt_logprobs_of",
+    "with_reply",
+]
 
 
 @dataclass
@@ -57,6 +66,29 @@ class GenerationOutput:
     #: a chat with a model that thinks: each row's thought (shaped like ``text``, None
     #: for a row that did not think); ``text`` is then the answer after it
     reasoning_content: Any = None
+    #: per row, each prompt token with its log-probability given the tokens before it,
+    #: its rank and the best alternatives (``prompt_logprobs=N``); None for the first
+    prompt_logprobs: list[list[TokenLogprob | None]] | None = None
+
+
+@dataclass
+class PromptScore:
+    """One prompt scored (``TextGenerator.score``): its tokens, each token's
+    log-probability given the tokens before it (None for the first, which has nothing
+    before it), their sum, and (with ``top_logprobs=N``) each position's N best
+    ``(token, logprob)`` alternatives (None for the first)."""
+
+    tokens: list[int]
+    logprobs: list[float | None]
+    total: float
+    top_logprobs: list[list[tuple[int, float]] | None] | None = None
+
+    @classmethod
+    def of(cls, tokens: list[int], scored: list[TokenLogprob | None], top: int) -> PromptScore:
+        logprobs = [p.logprob if p is not None else None for p in scored]
+        total = float(sum(v for v in logprobs if v is not None))
+        tops = [p.top_logprobs if p is not None else None for p in scored] if top else None
+        return cls(tokens, logprobs, total, tops)
 
 
 @dataclass
@@ -68,6 +100,8 @@ class StreamPiece:
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] | None = None
     finish_reason: str | None = None  # set on the last piece
+    #: on a row's first piece, when it asked for ``prompt_logprobs``: its prompt scored
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @classmethod
     def since(cls, state: Generation, row: int, start: int) -> list[StreamPiece]:
@@ -91,6 +125,8 @@ class StreamPiece:
             cls(text="", token=token, logprob=logprob, top_logprobs=top)
             for token, logprob, top in zip(tokens, logprobs, tops, strict=True)
         ]
+        if start == int(state.rows.prompt_end[row]) and record.prompt_tops[row] >= 0:
+            pieces[0].prompt_logprobs = state.prompt_logprobs(row)
         last = pieces[-1]
         last.text = state.new_text(row) if state.tokenizer is not None else ""
         last.finish_reason = None if state.unfinished[row] else state.finish_reasons[row]
@@ -150,7 +186,17 @@ def _shape_output(state: Generation, single: bool, stats: dict[str, float]) -> G
         top_logprobs=[state.top_logprobs(r) for r in rows] if record.top else None,
         scores=list(record.scores) if record.want_scores else None,
         logits=list(record.logits) if record.want_logits else None,
+        prompt_logprobs=prompt_logprobs_of(state, list(rows)),
     )
+
+
+def prompt_logprobs_of(
+    state: Generation, rows: list[int]
+) -> list[list[TokenLogprob | None]] | None:
+    """``rows``' prompt logprobs, when the request asked for them."""
+    if not state.record.want_prompt:
+        return None
+    return [state.prompt_logprobs(row) for row in rows]
 
 
 def _search_output(
@@ -169,8 +215,10 @@ def _search_output(
     eos = {int(t) for t in beams.eos} if beams is not None else set()
     width = state.prompt_length + max((len(t) for t in tokens), default=0)
     sequences = np.full((len(tokens), width), state.pad_token_id, dtype=np.int64)
+    prompt_rows = []
     for i, row in enumerate(tokens):
         prompt_row = min((i // per_prompt) * rows_per_prompt, state.batch_size - 1)
+        prompt_rows.append(prompt_row)
         sequences[i, : state.prompt_length] = state.ids[prompt_row, : state.prompt_length]
         sequences[i, state.prompt_length : state.prompt_length + len(row)] = row
     reasons = ["eos" if row and row[-1] in eos else "length" for row in tokens]
@@ -196,6 +244,7 @@ def _search_output(
         scores=list(record.scores) if record.want_scores else None,
         logits=list(record.logits) if record.want_logits else None,
         sequence_scores=scores,
+        prompt_logprobs=prompt_logprobs_of(state, prompt_rows),
     )
 
 

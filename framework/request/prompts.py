@@ -32,6 +32,7 @@ BATCH_WIDE_SETTINGS = frozenset(
         "output_logits",
         "logprobs",
         "top_logprobs",
+        "prompt_logprobs",
         "sampler",
     }
 )

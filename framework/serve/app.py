@@ -42,7 +42,7 @@ from .openapi import PUBLIC_PATHS, openapi_document
 from .responses import Answer, Choice
 from .responses_route import create_response
 from .state import ServerState
-from .tokenize import detokenize_body, tokenize_body
+from .tokenize import detokenize_body, tokenize_body, tokenizer_info
 
 log = logging.getLogger("ortgen.serve")
 
@@ -60,6 +60,7 @@ ROUTES = (
     "/openapi.json",
     "/tokenize",
     "/detokenize",
+    "/tokenizer_info",
     "/",
 )
 
@@ -290,6 +291,14 @@ async def detokenize(request: Request) -> Response:
         return JSONResponse({"prompt": detokenize_body(model.gen, body)})
 
 
+async def get_tokenizer_info(request: Request) -> Response:
+    """The tokenizer's configuration in vLLM's ``/tokenizer_info`` shape (``tokenize``);
+    ``?model=`` picks the model (omitted: the first)."""
+    state: ServerState = request.app.state.ortgen
+    async with _using(state, {"model": request.query_params.get("model")}) as model:
+        return JSONResponse(tokenizer_info(model.gen))
+
+
 @contextlib.asynccontextmanager
 async def _using(state: ServerState, body: dict[str, Any]) -> AsyncIterator[ServedModel]:
     """The model a body names, held while a route uses it."""
@@ -444,6 +453,7 @@ def build_app(state: ServerState) -> Starlette:
             Route("/openapi.json", openapi, methods=["GET"]),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/detokenize", detokenize, methods=["POST"]),
+            Route("/tokenizer_info", get_tokenizer_info, methods=["GET"]),
             *(chat_page_routes() if state.web else ()),
         ],
         middleware=[Middleware(_Guard, state=state)],

@@ -46,6 +46,8 @@ class Row:
     index: int  # the choice's index in the response: prompt_index * n + i
     prompt: list[int]
     settings: dict[str, Any]
+    #: completions with ``echo``: the prompt's text, which the answer's text starts with
+    echo_text: str | None = None
 
 
 @dataclass
@@ -67,6 +69,12 @@ class ParsedRequest:
     #: chat: OpenAI's ``reasoning_effort`` and ``verbosity``, checked (None: not given)
     reasoning_effort: str | None = None
     verbosity: str | None = None
+    #: completions: the prompt is echoed before the answer (``echo``), and nothing is
+    #: generated (``max_tokens: 0``: the prompt is only scored)
+    echo: bool = False
+    score_only: bool = False
+    #: vLLM's ``prompt_logprobs``: alternatives per prompt token (None: not asked)
+    prompt_logprobs: int | None = None
 
 
 # -- requests --------------------------------------------------------------------------
@@ -76,16 +84,52 @@ def parse_completion(
     body: Mapping[str, Any], gen: TextGenerator, *, max_rows: int
 ) -> ParsedRequest:
     """``POST /v1/completions``: ``prompt`` is text, a list of texts, token ids or a list
-    of token-id lists; ``logprobs`` is the number of alternatives (0-5)."""
+    of token-id lists; ``logprobs`` is the number of alternatives (0-5). ``echo`` puts
+    the prompt (and, with ``logprobs``, its tokens' logprobs, the first null) before the
+    answer; ``max_tokens: 0`` generates nothing (with ``echo`` or ``prompt_logprobs``:
+    the prompt is only scored; one token is picked and dropped, as vLLM does)."""
     if "prompt" not in body:
         raise RequestError("prompt is required", param="prompt")
-    prompts = _completion_prompts(body["prompt"], gen)
+    prompts, texts = _completion_prompts(body["prompt"], gen)
     logprobs = integer(body, "logprobs", *COMPLETION_LOGPROBS)
-    settings, names, rest = settings_of(body, chat=False)
+    echo = bool(boolean(body, "echo"))
+    prompt_logprobs = _prompt_logprobs(body)
+    score_only = body.get("max_tokens") == 0 and not isinstance(body.get("max_tokens"), bool)
+    if score_only and not echo and prompt_logprobs is None:
+        raise RequestError(
+            "max_tokens=0 generates nothing: it scores the prompt, with echo=true or "
+            "prompt_logprobs; otherwise max_tokens must be >= 1",
+            param="max_tokens",
+        )
+    settings, names, rest = settings_of(
+        {**body, "max_tokens": 1} if score_only else body, chat=False
+    )
     if logprobs is not None:
         settings.update(logprobs=True, top_logprobs=logprobs)
         names.update(logprobs="logprobs", top_logprobs="logprobs")
-    return _request(gen, prompts, settings, names, rest, chat=False, max_rows=max_rows)
+    scored = [n for n in (prompt_logprobs, logprobs if echo else None) if n is not None]
+    if scored:  # echo with logprobs shows the prompt's, with as many alternatives
+        settings["prompt_logprobs"] = max(scored)
+        names["prompt_logprobs"] = "prompt_logprobs" if prompt_logprobs is not None else "echo"
+    echoed = texts if echo else None
+    request = _request(
+        gen, prompts, settings, names, rest, chat=False, max_rows=max_rows, texts=echoed
+    )
+    request.echo, request.score_only = echo, score_only
+    request.prompt_logprobs = prompt_logprobs
+    return request
+
+
+def _prompt_logprobs(body: Mapping[str, Any]) -> int | None:
+    """vLLM's ``prompt_logprobs``: 0-20 alternatives per prompt token, with the whole
+    answer only (as vLLM, not in a stream)."""
+    value = integer(body, "prompt_logprobs", *INTEGERS["prompt_logprobs"])
+    if value is not None and body.get("stream"):
+        raise RequestError(
+            "prompt_logprobs come with the whole answer only: not with stream=true",
+            param="prompt_logprobs",
+        )
+    return value
 
 
 def parse_chat(body: Mapping[str, Any], gen: TextGenerator, *, max_rows: int) -> ParsedRequest:
@@ -99,6 +143,7 @@ def parse_chat(body: Mapping[str, Any], gen: TextGenerator, *, max_rows: int) ->
         raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
     effort = one_of(body, "reasoning_effort", REASONING_EFFORTS)
     verbosity = one_of(body, "verbosity", VERBOSITIES)
+    prompt_logprobs = _prompt_logprobs(body)
     settings, names, rest = settings_of(body, chat=True)
     chat = _chat(body, gen, settings, names)
     settings = chat.settings
@@ -107,14 +152,19 @@ def parse_chat(body: Mapping[str, Any], gen: TextGenerator, *, max_rows: int) ->
     if logprobs:
         settings.update(logprobs=True, top_logprobs=top or 0)
         names.update(logprobs="logprobs", top_logprobs="top_logprobs")
+    if prompt_logprobs is not None:
+        settings["prompt_logprobs"] = prompt_logprobs
+        names["prompt_logprobs"] = "prompt_logprobs"
     request = _request(gen, [chat.prompt], settings, names, rest, chat=True, max_rows=max_rows)
     request.reply_plan = chat.plan
     request.reasoning_effort, request.verbosity = effort, verbosity
+    request.prompt_logprobs = prompt_logprobs
     return request
 
 
-def _completion_prompts(prompt: Any, gen: TextGenerator) -> list[list[int]]:
-    """Every completions prompt shape, encoded and checked against the vocabulary."""
+def _completion_prompts(prompt: Any, gen: TextGenerator) -> tuple[list[list[int]], list[str]]:
+    """Every completions prompt shape, encoded and checked against the vocabulary; and
+    each prompt's text (``echo``): as given, or token ids decoded, special tokens kept."""
     if isinstance(prompt, str):
         items: list[Any] = [prompt]
     elif isinstance(prompt, list) and prompt and all(_is_id(t) for t in prompt):
@@ -127,18 +177,22 @@ def _completion_prompts(prompt: Any, gen: TextGenerator) -> list[list[int]]:
             f"of token-id lists, got {prompt!r:.80}",
             param="prompt",
         )
-    rows = []
+    rows, texts = [], []
+    tokenizer = gen.tokenizer
+    assert tokenizer is not None  # a served model has one
     for i, item in enumerate(items):
         try:
             if isinstance(item, str):
                 rows.append(gen.prompts.encode_text(item, i))
+                texts.append(item)
             elif isinstance(item, list) and all(_is_id(t) for t in item):
                 rows.append(gen.prompts.check_ids(list(item), i))
+                texts.append(tokenizer.decode(rows[-1], skip_special_tokens=False))
             else:
                 raise InputError(f"prompt {i} must be a string or a list of token ids")
         except InputError as exc:
             raise RequestError(str(exc), param="prompt") from None
-    return rows
+    return rows, texts
 
 
 def _is_id(value: Any) -> bool:
@@ -184,10 +238,12 @@ def _request(
     *,
     chat: bool,
     max_rows: int,
+    texts: list[str] | None = None,
 ) -> ParsedRequest:
     """Rows for each prompt and choice. Choice ``i`` samples with ``seed + i``. Without a
     length in the request, a row whose model default would run past the context gets
-    what is left of it (as ``generate`` clips), instead of an error."""
+    what is left of it (as ``generate`` clips), instead of an error. ``texts``: each
+    prompt's text, for rows that echo it."""
     n, seed = rest["n"], rest["seed"]
     if len(prompts) * n > max_rows:
         raise RequestError(
@@ -205,7 +261,8 @@ def _request(
             own["max_new_tokens"] = clipped
         for i in range(n):
             row_settings = dict(own) if seed is None else {**own, "seed": seed + i}
-            rows.append(Row(p * n + i, prompt, row_settings))
+            echo = texts[p] if texts is not None else None
+            rows.append(Row(p * n + i, prompt, row_settings, echo))
     if seed is not None:
         names["seed"] = "seed"
     return ParsedRequest(

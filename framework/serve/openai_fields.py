@@ -33,6 +33,7 @@ INTEGERS: dict[str, tuple[int, int | None]] = {
     "n": (1, MAX_N),
     "seed": (0, None),
     "top_logprobs": (0, 20),  # chat
+    "prompt_logprobs": (0, 20),  # vLLM's: alternatives per prompt token
 }
 #: ``logprobs`` of /v1/completions: how many alternatives per token (chat: true or false)
 COMPLETION_LOGPROBS = (0, 5)
@@ -171,10 +172,25 @@ COMMON_FIELDS: dict[str, dict[str, Any]] = {
     "stream": {"type": ["boolean", "null"]},
     "stream_options": _STREAM_OPTIONS,
 }
+_PROMPT_LOGPROBS = {
+    **_integer_schema(*INTEGERS["prompt_logprobs"]),
+    "description": "vLLM's extension: each prompt token's logprob, rank and N best "
+    "alternatives, in the answer's prompt_logprobs (not with stream=true)",
+}
 COMPLETION_FIELDS: dict[str, dict[str, Any]] = {
     "prompt": _PROMPT,
     **COMMON_FIELDS,
+    "max_tokens": {
+        **_integer_schema(0, None),
+        "description": "0: nothing is generated, the prompt is only scored (with echo "
+        "or prompt_logprobs)",
+    },
     "logprobs": _integer_schema(*COMPLETION_LOGPROBS),
+    "echo": {
+        "type": ["boolean", "null"],
+        "description": "the answer's text (and logprobs) start with the prompt's",
+    },
+    "prompt_logprobs": _PROMPT_LOGPROBS,
 }
 CHAT_FIELDS: dict[str, dict[str, Any]] = {
     "messages": {"type": "array", "items": _MESSAGE, "minItems": 1},
@@ -223,6 +239,7 @@ CHAT_FIELDS: dict[str, dict[str, Any]] = {
         "description": "checked; handed to the chat template builder (docs/server.md)",
     },
     "prediction": _PREDICTION,
+    "prompt_logprobs": _PROMPT_LOGPROBS,
 }
 #: what ``settings_of`` reads by name on either route (every other key is a setting)
 OPENAI_FIELDS = frozenset(COMPLETION_FIELDS) | frozenset(CHAT_FIELDS)

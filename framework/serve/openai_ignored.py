@@ -56,7 +56,6 @@ IGNORED = frozenset(NO_EFFECT)
 #: OpenAI fields the server cannot honour: accepted only at the values listed (those that
 #: ask for nothing), any other value is a 400 naming the field with the reason
 UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "echo": ((None, False), "echoing the prompt back is not supported"),
     "best_of": ((None, 1), "best_of is not supported; ask for n choices instead"),
     "suffix": ((None, ""), "insertion (suffix) is not supported"),
     "functions": (

@@ -55,6 +55,23 @@ _USAGE = {
     },
 }
 _FINISH = {"type": ["string", "null"], "examples": ["stop", "length", "tool_calls"]}
+_PROMPT_LOGPROBS = {
+    "type": ["array", "null"],
+    "description": "with prompt_logprobs: null for the first prompt token, then per token "
+    '{"<token id>": {"logprob", "rank", "decoded_token"}} for it and its best alternatives',
+    "items": {
+        "type": ["object", "null"],
+        "additionalProperties": {
+            "type": "object",
+            "required": ["logprob", "rank", "decoded_token"],
+            "properties": {
+                "logprob": {"type": "number"},
+                "rank": {"type": "integer", "minimum": 1},
+                "decoded_token": {"type": "string"},
+            },
+        },
+    },
+}
 
 
 def _answer(obj: str, choice: dict[str, Any]) -> dict[str, Any]:
@@ -82,6 +99,7 @@ _COMPLETION = _answer(
             "text": {"type": "string"},
             "finish_reason": _FINISH,
             "logprobs": {"type": ["object", "null"]},
+            "prompt_logprobs": _PROMPT_LOGPROBS,
         },
     },
 )
@@ -141,6 +159,7 @@ _RESPONSE = {
         },
     },
 }
+_CHAT_COMPLETION["properties"]["prompt_logprobs"] = _PROMPT_LOGPROBS  # one prompt: top level
 _MODEL = {
     "type": "object",
     "required": ["id", "object", "created", "owned_by"],
@@ -222,6 +241,22 @@ _DETOKENIZE_ANSWER = {
     "type": "object",
     "required": ["prompt"],
     "properties": {"prompt": {"type": "string"}},
+}
+_TOKENIZER_INFO = {
+    "type": "object",
+    "required": ["tokenizer_class"],
+    "description": "vLLM's shape: the folder's tokenizer_config.json less file paths, with "
+    "the special tokens, chat template and clean-up flag ortgen runs with",
+    "properties": {
+        "tokenizer_class": {"type": "string"},
+        "bos_token": {"type": "string"},
+        "eos_token": {"type": "string"},
+        "pad_token": {"type": "string"},
+        "unk_token": {"type": "string"},
+        "chat_template": {"type": "string"},
+        "model_max_length": {"type": ["integer", "null"]},
+        "clean_up_tokenization_spaces": {"type": "boolean"},
+    },
 }
 
 
@@ -439,6 +474,18 @@ def openapi_document(
         "/detokenize": _post(
             "the text of token ids", _naming(_DETOKENIZE_REQUEST, models), _DETOKENIZE_ANSWER
         ),
+        "/tokenizer_info": {
+            "get": {
+                "summary": "the tokenizer's configuration (vLLM's shape)",
+                "parameters": [
+                    {"name": "model", "in": "query", "required": False, "schema": _MODEL_FIELD}
+                ],
+                "responses": {
+                    "200": _json(_TOKENIZER_INFO, "the tokenizer's configuration"),
+                    **_errors(401, 404, 503),
+                },
+            }
+        },
     }
     if web:
         paths.update({path: _page_file(kind) for path, (_, kind) in PAGE_FILES.items()})

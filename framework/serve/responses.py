@@ -6,7 +6,9 @@ builders here turn choices into OpenAI's shapes. Kept apart from the request sid
 
 Token strings for logprobs come from :class:`TokenText`: the token decoded alone, and its
 exact bytes when the tokenizer is byte-level BPE (a token that is part of a UTF-8
-character decodes to U+FFFD, but its ``bytes`` are still the real ones).
+character decodes to U+FFFD, but its ``bytes`` are still the real ones). The prompt in
+an answer (completions' ``echo``, ``max_tokens: 0``, vLLM's ``prompt_logprobs``) is
+shaped by ``echo``.
 """
 
 from __future__ import annotations
@@ -18,12 +20,10 @@ import uuid
 from typing import Any
 
 from ..chat_formats.reply import ReplyPlan, ReplyStream, read_reply
-from ..request.outputs import StreamPiece
+from ..request.outputs import StreamPiece, TokenLogprob
 from ..text import Tokenizer
-from .openai_api import ParsedRequest
-
-#: what a non-finite logprob becomes: JSON has no -inf (vLLM does the same)
-FLOOR = -9999.0
+from .echo import FLOOR, joined, legacy_prompt_logprobs, vllm_prompt_logprobs
+from .openai_api import ParsedRequest, Row
 
 
 def finish_reason(reason: str) -> str:
@@ -89,11 +89,16 @@ class Choice:
         self.finish_reason: str | None = None  # ortgen's reason; "error" when the row failed
         self.offset = 0  # completions' text_offset of the next token
         self.reply: ReplyStream | None = None  # a streamed chat answer read as it comes
+        #: the prompt scored (its first piece's ``prompt_logprobs``), when it was asked
+        self.prompt: list[TokenLogprob | None] | None = None
+        self.echoed = False  # completions' echo: the prompt went out already
 
     def add(self, piece: StreamPiece) -> None:
         if piece.finish_reason == "error":
             self.finish_reason = "error"
             return
+        if piece.prompt_logprobs is not None:
+            self.prompt = piece.prompt_logprobs
         self.pieces.append(piece)
         self.text.append(piece.text)
         if piece.finish_reason is not None:
@@ -163,6 +168,7 @@ class Answer:
         self.created = int(time.time())
         prefix = "chatcmpl" if request.chat else "cmpl"
         self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self._rows: dict[int, Row] = {row.index: row for row in request.rows}
 
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -170,7 +176,7 @@ class Answer:
     def usage(self, choices: list[Choice]) -> dict[str, int]:
         """Generated tokens count every token a row produced, the EOS that ended it too
         (as ``GenerationOutput.tokens``); each prompt counts once, whatever ``n`` is."""
-        completion = sum(len(c.pieces) for c in choices)
+        completion = 0 if self.request.score_only else sum(len(c.pieces) for c in choices)
         prompt = self.request.prompt_tokens
         return {
             "prompt_tokens": prompt,
@@ -178,12 +184,45 @@ class Answer:
             "total_tokens": prompt + completion,
         }
 
-    def _logprobs(self, pieces: list[StreamPiece], choice: Choice) -> dict[str, Any] | None:
+    def _logprobs(
+        self, pieces: list[StreamPiece], choice: Choice, echoed: dict[str, Any] | None = None
+    ) -> dict[str, Any] | None:
+        """The logprobs of ``pieces``; ``echoed``: the prompt's, which come first."""
         if not self.request.logprobs:
             return None
         if self.request.chat:
             return chat_logprobs(pieces, self.words)
-        return completion_logprobs(pieces, self.words, choice)
+        answer = completion_logprobs(pieces, self.words, choice)
+        return joined(echoed, answer) if echoed is not None else answer
+
+    def _echo(self, choice: Choice) -> tuple[str, dict[str, Any] | None]:
+        """A completions choice's prompt, the first time it is asked for with ``echo``:
+        its text and (with ``logprobs``) its logprobs; ("", None) otherwise."""
+        row = self._rows.get(choice.index)
+        if not self.request.echo or choice.echoed or row is None or row.echo_text is None:
+            return "", None
+        choice.echoed = True
+        scored = None
+        if self.request.logprobs and choice.prompt is not None:
+            scored = legacy_prompt_logprobs(
+                choice.prompt, row.prompt, self.words, self.request.top_logprobs, choice
+            )
+        return row.echo_text, scored
+
+    def _answered(self, pieces: list[StreamPiece]) -> list[StreamPiece]:
+        """The pieces an answer shows: none when ``max_tokens`` was 0 (the one token
+        picked is dropped)."""
+        return [] if self.request.score_only else pieces
+
+    def _finish(self, reason: str | None) -> str:
+        return "length" if self.request.score_only else finish_reason(reason or "stop")
+
+    def _prompt_logprobs(self, choice: Choice) -> list[Any] | None:
+        """vLLM's ``prompt_logprobs`` of ``choice``'s prompt (``echo``'s module doc)."""
+        top = self.request.prompt_logprobs
+        if top is None or choice.prompt is None:
+            return None
+        return vllm_prompt_logprobs(choice.prompt, self.words, top)
 
     def _message(self, choice: Choice) -> tuple[dict[str, Any], str]:
         """A chat choice's message (content, the thought and tool calls when there are)
@@ -205,18 +244,27 @@ class Answer:
     def full(self, choices: list[Choice]) -> dict[str, Any]:
         """The non-streaming response."""
         out = []
-        for choice in sorted(choices, key=lambda c: c.index):
+        ordered = sorted(choices, key=lambda c: c.index)
+        for choice in ordered:
             item: dict[str, Any] = {"index": choice.index}
-            reason = finish_reason(choice.finish_reason or "stop")
             if self.request.chat:
                 item["message"], reason = self._message(choice)
+                item["logprobs"] = self._logprobs(choice.pieces, choice)
             else:
-                item["text"] = "".join(choice.text)
-            item["logprobs"] = self._logprobs(choice.pieces, choice)
+                prompt, echoed = self._echo(choice)
+                pieces = self._answered(choice.pieces)
+                item["text"] = prompt + "".join(p.text for p in pieces)
+                item["logprobs"] = self._logprobs(pieces, choice, echoed)
+                reason = self._finish(choice.finish_reason)
+                if self.request.prompt_logprobs is not None:
+                    item["prompt_logprobs"] = self._prompt_logprobs(choice)
             item["finish_reason"] = reason
             out.append(item)
         obj = "chat.completion" if self.request.chat else "text_completion"
-        return {**self._head(obj), "choices": out, "usage": self.usage(choices)}
+        answer = {**self._head(obj), "choices": out, "usage": self.usage(choices)}
+        if self.request.chat and self.request.prompt_logprobs is not None and ordered:
+            answer["prompt_logprobs"] = self._prompt_logprobs(ordered[0])  # one prompt
+        return answer
 
     # -- streaming ---------------------------------------------------------------------
 
@@ -272,16 +320,21 @@ class Answer:
         """The chunk for one piece (None when it adds nothing: text held back and no
         logprobs asked for); the last piece carries the finish reason."""
         done = piece.finish_reason is not None
-        if not piece.text and not self.request.logprobs and not done:
+        prompt, echoed = ("", None) if self.request.chat else self._echo(choice)
+        pieces = [piece] if self.request.chat else self._answered([piece])
+        text = prompt + "".join(p.text for p in pieces)
+        if not text and not self.request.logprobs and not done:
             return None
         item: dict[str, Any] = {"index": choice.index}
         if self.request.chat:
-            item["delta"] = {"content": piece.text} if piece.text or not done else {}
+            item["delta"] = {"content": text} if text or not done else {}
+            ended = piece.finish_reason
+            reason = finish_reason(ended) if ended is not None else None
         else:
-            item["text"] = piece.text
-        item["logprobs"] = self._logprobs([piece], choice)
-        reason = piece.finish_reason
-        item["finish_reason"] = finish_reason(reason) if reason is not None else None
+            item["text"] = text
+            reason = self._finish(piece.finish_reason) if done else None
+        item["logprobs"] = self._logprobs(pieces, choice, echoed)
+        item["finish_reason"] = reason
         return self._chunk(item)
 
     def usage_chunk(self, choices: list[Choice]) -> dict[str, Any]:

@@ -8,6 +8,13 @@ against the served model, in the request shapes vLLM's server uses.
   pieces. The answer: ``{"count", "max_model_len", "tokens"}``.
 - ``/detokenize``: ``{"tokens": [ids]}`` to ``{"prompt": "text"}`` (special tokens
   kept, as vLLM does).
+- ``GET /tokenizer_info``: the tokenizer's configuration in vLLM's shape (vLLM answers
+  with transformers' ``init_kwargs``: ``tokenizer_config.json`` less its file paths, with
+  ``tokenizer_class`` and the chat template): the folder's ``tokenizer_config.json``, with
+  what ortgen resolved and runs with laid over it (special tokens, chat template,
+  ``clean_up_tokenization_spaces``; ``model_max_length`` the model's context when the
+  file has none). lm-evaluation-harness's remote tokenizer reads ``eos_token``,
+  ``bos_token``, ``pad_token`` and ``chat_template`` from it.
 
 ``model`` is accepted and not checked, as on the generation routes of a one-model server.
 Every bad body is a 400 naming the field.
@@ -19,10 +26,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..api import TextGenerator
-from ..errors import OrtgenError
+from ..errors import ModelLoadError, OrtgenError
+from ..text.resolved_tokenizer import RESOLVED_FILE
+from ..util.jsonfile import read_json_object
 from .errors import RequestError
 
-__all__ = ["detokenize_body", "tokenize_body"]
+__all__ = ["detokenize_body", "tokenize_body", "tokenizer_info"]
+
+#: tokenizer_config.json entries that name files of the folder (vLLM drops them too)
+_FILE_KEYS = ("vocab_file", "merges_file", "tokenizer_file", "name_or_path")
 
 _TOKENIZE_FIELDS = frozenset(
     {
@@ -96,6 +108,40 @@ def detokenize_body(gen: TextGenerator, body: Mapping[str, Any]) -> str:
     tokenizer = gen.tokenizer
     assert tokenizer is not None
     return tokenizer.decode(tokens, skip_special_tokens=False)
+
+
+def tokenizer_info(gen: TextGenerator) -> dict[str, Any]:
+    """``GET /tokenizer_info`` of ``gen`` (see the module doc)."""
+    tokenizer = gen.tokenizer
+    assert tokenizer is not None
+    folder = gen.path
+    config = read_json_object(
+        folder / "tokenizer_config.json", error=ModelLoadError, missing_ok=True
+    )
+    resolved = read_json_object(folder / RESOLVED_FILE, error=ModelLoadError, missing_ok=True)
+    info: dict[str, Any] = {k: _plain(v) for k, v in config.items() if k not in _FILE_KEYS}
+    named = resolved.get("tokenizer_class") or config.get("tokenizer_class")
+    info["tokenizer_class"] = str(named or "PreTrainedTokenizerFast")
+    info.update(tokenizer.special_tokens_map)
+    info["clean_up_tokenization_spaces"] = tokenizer.clean_up_tokenization_spaces
+    if not isinstance(info.get("model_max_length"), int):
+        info["model_max_length"] = gen.model.max_context
+    template = tokenizer.chat_template
+    if template is not None:
+        info["chat_template"] = template
+    return info
+
+
+def _plain(value: Any) -> Any:
+    """A tokenizer_config.json value as vLLM shows it: a serialised ``AddedToken``
+    (``{"content": ..., ...}``) as its text, in lists and objects too."""
+    if isinstance(value, dict):
+        if isinstance(value.get("content"), str):
+            return value["content"]
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _known(body: Mapping[str, Any], fields: frozenset[str]) -> None:
