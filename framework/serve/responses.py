@@ -14,25 +14,24 @@ from __future__ import annotations
 import functools
 import math
 import time
-import uuid
 from typing import Any
 
 from ..chat_formats.reply import ReplyPlan, ReplyStream, read_reply
+from ..request.openai_answer import (
+    assistant_message,
+    completion_choice,
+    completion_id,
+    completion_object,
+    finish_reason,
+    object_name,
+    usage,
+)
 from ..request.outputs import StreamPiece
 from ..text import Tokenizer
 from .openai_api import ParsedRequest
 
 #: what a non-finite logprob becomes: JSON has no -inf (vLLM does the same)
 FLOOR = -9999.0
-
-
-def finish_reason(reason: str) -> str:
-    """ortgen's end reason as OpenAI's: the token limit (and ``max_time``) is "length",
-    an answer that ended with whole tool calls "tool_calls", everything else that ended
-    the text on purpose (EOS, a stop string, a plugin's stopping criterion) "stop"."""
-    if reason == "tool_calls":
-        return reason
-    return "length" if reason in ("length", "time") else "stop"
 
 
 def _logprob(value: float) -> float:
@@ -161,8 +160,7 @@ class Answer:
         self.model = model
         self.words = words
         self.created = int(time.time())
-        prefix = "chatcmpl" if request.chat else "cmpl"
-        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.id = completion_id(request.chat)
 
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -170,13 +168,7 @@ class Answer:
     def usage(self, choices: list[Choice]) -> dict[str, int]:
         """Generated tokens count every token a row produced, the EOS that ended it too
         (as ``GenerationOutput.tokens``); each prompt counts once, whatever ``n`` is."""
-        completion = sum(len(c.pieces) for c in choices)
-        prompt = self.request.prompt_tokens
-        return {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-        }
+        return usage(self.request.prompt_tokens, sum(len(c.pieces) for c in choices))
 
     def _logprobs(self, pieces: list[StreamPiece], choice: Choice) -> dict[str, Any] | None:
         if not self.request.logprobs:
@@ -191,38 +183,33 @@ class Answer:
         text = "".join(choice.text)
         plan = self.request.reply_plan
         if plan is None:
-            return {"role": "assistant", "content": text}, finish_reason(
-                choice.finish_reason or "stop"
-            )
+            return assistant_message(text), finish_reason(choice.finish_reason or "stop")
         reply = read_reply(text, plan, choice.finish_reason or "stop")
-        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
-        if plan.tags is not None:
-            message["reasoning_content"] = reply.reasoning_content
-        if reply.tool_calls:
-            message["tool_calls"] = reply.tool_calls
+        message = assistant_message(
+            reply.content,
+            reasoning_content=reply.reasoning_content,
+            tool_calls=reply.tool_calls,
+            thought=plan.tags is not None,
+        )
         return message, finish_reason(reply.finish_reason)
 
     def full(self, choices: list[Choice]) -> dict[str, Any]:
         """The non-streaming response."""
         out = []
         for choice in sorted(choices, key=lambda c: c.index):
-            item: dict[str, Any] = {"index": choice.index}
+            answer: str | dict[str, Any] = "".join(choice.text)
             reason = finish_reason(choice.finish_reason or "stop")
             if self.request.chat:
-                item["message"], reason = self._message(choice)
-            else:
-                item["text"] = "".join(choice.text)
-            item["logprobs"] = self._logprobs(choice.pieces, choice)
-            item["finish_reason"] = reason
-            out.append(item)
-        obj = "chat.completion" if self.request.chat else "text_completion"
-        return {**self._head(obj), "choices": out, "usage": self.usage(choices)}
+                answer, reason = self._message(choice)
+            logprobs = self._logprobs(choice.pieces, choice)
+            out.append(completion_choice(choice.index, answer, reason, logprobs))
+        chat = self.request.chat
+        return completion_object(chat, self.id, self.created, self.model, out, self.usage(choices))
 
     # -- streaming ---------------------------------------------------------------------
 
     def _chunk(self, item: dict[str, Any]) -> dict[str, Any]:
-        obj = "chat.completion.chunk" if self.request.chat else "text_completion"
-        return {**self._head(obj), "choices": [item]}
+        return {**self._head(object_name(self.request.chat, chunk=True)), "choices": [item]}
 
     def opening(self, choice: Choice) -> dict[str, Any] | None:
         """Chat streams start each choice with its role (as OpenAI)."""
@@ -286,5 +273,5 @@ class Answer:
 
     def usage_chunk(self, choices: list[Choice]) -> dict[str, Any]:
         """``stream_options.include_usage``: the last chunk, usage and no choices."""
-        obj = "chat.completion.chunk" if self.request.chat else "text_completion"
+        obj = object_name(self.request.chat, chunk=True)
         return {**self._head(obj), "choices": [], "usage": self.usage(choices)}
