@@ -379,7 +379,7 @@ def test_the_schemas_follow_the_parsing_tables():
     """The request schemas are built from the tables the server parses with: every
     OpenAI field it reads, with its range, and every ortgen setting."""
     from ortgen.config import FIELDS
-    from ortgen.serve.openai_fields import (
+    from ortgen.request.openai_fields import (
         CHAT_FIELDS,
         COMPLETION_FIELDS,
         IGNORED,

@@ -6,8 +6,8 @@ moderation, ...) are refused at such a value with a 400 naming them.
 
 The field lists come from the installed client's own request types, so a field a newer
 client adds fails ``test_every_field_of_the_client_is_covered`` until it is handled
-here, in the server's tables (``ortgen.serve.openai_fields``, ``openai_ignored``), in
-``/openapi.json`` and in docs/server.md's table.
+here, in the tables the server reads with (``ortgen.request.openai_fields``,
+``openai_ignored``), in ``/openapi.json`` and in docs/server.md's table.
 
 ``prediction`` (predicted outputs) drafts for speculative decoding: the answer is the one
 without it, token for token on the fp32 model, and ``/metrics`` shows drafts proposed
@@ -31,7 +31,7 @@ from openai.types.chat import completion_create_params as chat_create_params
 
 import ortgen
 from ortgen.plugins.drafters import PromptLookupDrafter
-from ortgen.serve.openai_fields import REASONING_EFFORTS, VERBOSITIES
+from ortgen.request.openai_fields import REASONING_EFFORTS, VERBOSITIES
 from ortgen.serve.openapi import openapi_document
 from ortgen.testing import check_drafter, make_context
 from tests.server_helpers import ServerProcess, call, metric

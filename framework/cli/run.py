@@ -15,6 +15,10 @@ from ..errors import OrtgenError
 from .args import add_generation_flags, add_model_flags, plugins_of, settings_of
 from .structured import add_structured_flags
 
+#: ``--input-format`` (``ortgen.jobs.formats.INPUT_FORMATS``, which the tests compare:
+#: the jobs package is imported only when a job runs)
+INPUT_FORMATS = ("auto", "ortgen", "openai")
+
 
 def add_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run a pipeline over a file of requests (JSONL or Parquet)")
@@ -29,6 +33,12 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--workers", type=int, metavar="N", help="ray engine: actors ([run] workers, default 1)"
     )
+    p.add_argument(
+        "--input-format",
+        choices=INPUT_FORMATS,
+        default="auto",
+        help="ortgen rows or OpenAI batch lines (default auto: by the first line)",
+    )
     p.add_argument("--dry-run", action="store_true", help="check pipeline and rows; no model")
     add_model_flags(p, pipeline=False)
     add_generation_flags(p)
@@ -40,7 +50,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """A batch job over an input file; the flags win over the pipeline's [run] options.
     Everything that can be checked without the model is checked before it loads."""
     from ..config.pipeline import load_pipeline
-    from ..jobs import run_job
+    from ..jobs import job_format, run_job
     from ..plugin_host.manager import build_registry, make_plugin_manager
 
     plugins = plugins_of(args)
@@ -68,13 +78,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run:
         from ..jobs.dry_run import dry_run
 
-        lines, good = dry_run(pipeline, args.input, settings, model=args.model, engine=engine)
+        lines, good = dry_run(
+            pipeline,
+            args.input,
+            settings,
+            model=args.model,
+            engine=engine,
+            input_format=args.input_format,
+        )
         print("\n".join(lines))
         return 0 if good else 2
     if not args.output:
         raise OrtgenError("ortgen run needs --output FILE (only --dry-run runs without one)")
     if not Path(args.input).is_file():  # before the model loads, not after
         raise OrtgenError(f"input file {args.input} does not exist")
+    # an output the input's format cannot write (OpenAI lines as Parquet) too
+    job_format(args.input, args.input_format).results(args.output)
     job: Callable[..., Any]
     if engine == "ray":  # the model loads on each worker, not here
         from ..jobs.ray_engine import run_ray_job
@@ -108,6 +127,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             window=pipeline.run.window,
             settings=settings,
             progress=sys.stderr,
+            input_format=args.input_format,
         )
     except (KeyboardInterrupt, _Terminated) as stop:
         name = "SIGTERM" if isinstance(stop, _Terminated) else "SIGINT"

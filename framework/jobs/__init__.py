@@ -1,6 +1,8 @@
 """Batch jobs (``ortgen run``): a file of requests in, one result line per row out.
 
 - ``rows``: reading and checking input rows (JSONL, or Parquet with pyarrow);
+- ``formats``: the input's format (ortgen's rows, or OpenAI's batch lines:
+  ``openai_batch``) and the output lines that go with it;
 - ``check``: counting rows, bad rows and duplicate ids without generating;
 - ``dry_run``: ``ortgen run --dry-run``, the pipeline and the rows checked, no model;
 - ``results``: the append-only output that a killed job resumes from;
@@ -14,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .check import InputReport, scan_rows
+from .formats import job_format
 from .progress import JobSummary
 from .rows import InputRow, RowChecker, SettingsCheck, read_rows
 from .runner import RowRunner, run_job
@@ -31,9 +34,12 @@ __all__ = [
 ]
 
 
-def check_input(path: str | Path, check_settings: SettingsCheck | None = None) -> InputReport:
+def check_input(
+    path: str | Path, check_settings: SettingsCheck | None = None, input_format: str | None = None
+) -> InputReport:
     """Read every row of ``path`` without generating.
 
     ``check_settings(own)`` raises ConfigError for a row's bad settings (for example the
-    pipeline's config resolved with them), so they are reported with the row."""
-    return scan_rows(read_rows(path, RowChecker(check_settings)))
+    pipeline's config resolved with them), so they are reported with the row.
+    ``input_format``: as ``run_job`` takes it (None: by the first line)."""
+    return job_format(path, input_format).scan(path, check_settings)

@@ -23,27 +23,34 @@ class InputReport:
     ids: set[str] = field(default_factory=set)  # id keys (see ``id_key``)
     bad: list[tuple[str, str]] = field(default_factory=list)  # (where, why)
     duplicates: list[tuple[str, str]] = field(default_factory=list)  # (where, why)
+    #: bad rows without an id, which no output line could name (an OpenAI batch line
+    #: without a readable custom_id); also in ``bad``
+    unnamed: list[tuple[str, str]] = field(default_factory=list)  # (where, why)
 
     @property
     def problems(self) -> list[tuple[str, str]]:
         return sorted(self.bad + self.duplicates, key=lambda p: int(p[0].split()[-1]))
 
 
-def scan_rows(rows: Iterable[InputRow]) -> InputReport:
-    """Count ``rows``, keep each bad row's reason, and find ids used twice."""
+def scan_rows(rows: Iterable[InputRow], id_name: str = "id") -> InputReport:
+    """Count ``rows``, keep each bad row's reason, and find ids used twice (``id_name``:
+    what the input format calls a row's id, for the messages)."""
     report = InputReport()
     first: dict[str, str] = {}  # id key -> where it was first seen
     for row in rows:
         report.rows += 1
         if row.error is not None:
             report.bad.append((row.where, row.error))
+        if row.id is None:
+            report.unnamed.append((row.where, row.error or f"no {id_name}"))
+            continue
         key = id_key(row.id)
         if key in first:
             report.duplicates.append(
                 (
                     row.where,
-                    f"id {row.id!r} is also the id of {first[key]}; ids must be unique "
-                    "(a resumed job finds rows by id)",
+                    f"{id_name} {row.id!r} is also the {id_name} of {first[key]}; {id_name}s "
+                    "must be unique (a resumed job finds rows by id)",
                 )
             )
             continue

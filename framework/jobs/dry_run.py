@@ -20,7 +20,7 @@ from ..model.paths import has_model_config, not_a_model_folder
 from ..request import row_settings
 from ..structured.check import check_constraint
 from ..structured.settings import CONSTRAINT_FIELDS, constraint
-from . import check_input
+from .formats import job_format
 from .ray_engine import RAY_MISSING, ray_available
 
 __all__ = ["dry_run"]
@@ -33,9 +33,11 @@ def dry_run(
     *,
     model: str | Path | None = None,
     engine: str = "local",
+    input_format: str | None = None,
 ) -> tuple[list[str], bool]:
     """The report's lines, and whether everything is good. Raises ConfigError when the
-    job's own settings are bad (no row could run)."""
+    job's own settings are bad (no row could run). ``input_format`` as ``run_job`` takes
+    it; OpenAI batch lines are checked as the rows their bodies make."""
     layers = [("pipeline", pipeline.settings)]
     config_mod.resolve([*layers, ("call", dict(settings))])
 
@@ -51,12 +53,14 @@ def dry_run(
     model = model or pipeline.model_path()
     if model is not None and not has_model_config(model):
         problems.append(f"model {not_a_model_folder(model)}")
-    report = check_input(input_path, check_settings)
+    fmt = job_format(input_path, input_format)
+    report = fmt.scan(input_path, check_settings)
     where = pipeline.path or "pipeline"
     bad = report.problems
+    kind = " (OpenAI batch lines)" if fmt.name == "openai" else ""
     lines = [
         f"pipeline {where}: {'; '.join(problems) or 'ok'}",
-        f"input {input_path}: {report.rows} rows, {len(bad) or 'none'} bad",
+        f"input {input_path}{kind}: {report.rows} rows, {len(bad) or 'none'} bad",
         *(f"  {at}: {why}" for at, why in bad),
     ]
     return lines, not (problems or bad)

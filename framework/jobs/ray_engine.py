@@ -35,16 +35,12 @@ import numpy as np
 
 from .. import config as config_mod
 from ..errors import ConfigError, OrtgenError
+from .formats import job_format, model_name
+from .openai_batch import LineChecker
 from .progress import JobSummary, Progress
-from .results import open_results, result_line
-from .rows import InputRow, RowChecker, id_key, read_rows
-from .runner import (
-    RowRunner,
-    check_one_result_per_row,
-    check_sizes,
-    scan_unique,
-    write_records,
-)
+from .results import result_line
+from .rows import InputRow, RowChecker, id_key
+from .runner import RowRunner, check_one_result_per_row, check_sizes, write_records
 
 if TYPE_CHECKING:
     from ..config.pipeline import Pipeline
@@ -83,6 +79,7 @@ def run_ray_job(
     window: int = 256,
     settings: Mapping[str, Any] | None = None,
     progress: TextIO | None = sys.stderr,
+    input_format: str | None = None,
 ) -> JobSummary:
     """Generate for every row of ``input_path`` not already in ``output_path``, on Ray.
 
@@ -103,18 +100,15 @@ def run_ray_job(
     resolved = config_mod.resolve([("pipeline", pipeline.settings), ("call", settings)])
     check_one_result_per_row(resolved.config.num_return_sequences)
     ray = require_ray()
-    report = scan_unique(input_path)
     model = model or pipeline.model_path()
     # a worker's current directory is not ours: give it a path that means the same there
     model = str(Path(model).expanduser().resolve()) if model is not None else None
-    results = open_results(output_path)
+    fmt = job_format(input_path, input_format, model=model_name(model))
+    report = fmt.scan_unique(input_path)
+    results = fmt.results(output_path)
     done = results.open()
     try:
-        pending = [
-            _encode(row)
-            for row in read_rows(input_path, RowChecker())
-            if id_key(row.id) not in done
-        ]
+        pending = [_encode(row) for row in fmt.rows(input_path) if id_key(row.id) not in done]
         tracker = Progress(report.rows, len(report.ids & done), progress)
         if pending:
             started = _connect_keeping_sigterm(ray, address, workers, threads)
@@ -149,21 +143,28 @@ def run_ray_job(
 
 
 def _encode(row: InputRow) -> str:
-    """A checked row as the text Ray carries: its number, id, and request or error."""
+    """A checked row as the text Ray carries: its number, id, request or error, and the
+    meta of a line of another format (an OpenAI batch line's url)."""
     if row.error is not None:
         fields: dict[str, Any] = {"error": row.error}
     else:
         fields = {"request": row.request}
+    if row.meta is not None:
+        fields["meta"] = row.meta
     return json.dumps({"number": row.number, "unit": row.unit, "id": row.id, **fields})
 
 
-def _decode(text: str, checker: RowChecker) -> InputRow:
+def _decode(text: str, checker: RowChecker, lines: LineChecker) -> InputRow:
     """The row back, its own settings now checked over the model's config as well
-    (the driver has no model); the checker is the local engine's, so the error is too."""
+    (the driver has no model); the checker is the local engine's, so the error is too.
+    An OpenAI batch line (its ``meta``) is checked as its line's row, as locally."""
     data = json.loads(text)
+    number, unit, row_id, meta = data["number"], data["unit"], data["id"], data.get("meta")
     if "error" in data:
-        return InputRow(data["number"], data["unit"], data["id"], error=data["error"])
-    return checker(data["number"], data["unit"], {"id": data["id"], **data["request"]})
+        return InputRow(number, unit, row_id, error=data["error"], meta=meta)
+    if meta is not None:
+        return lines.row(number, unit, row_id, data["request"], meta)
+    return checker(number, unit, {"id": row_id, **data["request"]})
 
 
 class _Worker:
@@ -184,9 +185,10 @@ class _Worker:
         check_one_result_per_row(gen.resolve_config(settings).config.num_return_sequences)
         self.runner = RowRunner(gen, settings, batch_size)
         self.checker = RowChecker(self.runner.check_settings)
+        self.lines = LineChecker(self.runner.check_settings)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
-        rows = [_decode(str(text), self.checker) for text in batch["row"]]
+        rows = [_decode(str(text), self.checker, self.lines) for text in batch["row"]]
         for records in self.runner.run_window(rows):  # each batch back as soon as it is done
             lines = [result_line(r) for r in records]
             yield {"line": np.array(lines, dtype=object)}

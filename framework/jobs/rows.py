@@ -23,6 +23,7 @@ __all__ = [
     "CHAT_OPTIONS",
     "InputRow",
     "RowChecker",
+    "RowReader",
     "SettingsCheck",
     "chat_options",
     "check_chat_options",
@@ -67,6 +68,9 @@ class InputRow:
     id: Any  # the row's "id", else its number
     request: dict[str, Any] | None = None  # {"prompt"|"messages": ..., settings...}
     error: str | None = None
+    #: what a line of another input format (an OpenAI batch line, ``openai_batch``) needs
+    #: to be answered in its own shape; result lines carry it to the output, which drops it
+    meta: dict[str, Any] | None = None
 
     @property
     def where(self) -> str:
@@ -174,7 +178,11 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def read_rows(path: str | Path, checker: RowChecker) -> Iterator[InputRow]:
+#: Turns one parsed line or row (its number, "line" or "row", the data) into an InputRow.
+RowReader = Callable[[int, str, Any], InputRow]
+
+
+def read_rows(path: str | Path, checker: RowReader) -> Iterator[InputRow]:
     """Every row of ``path`` (JSONL, or Parquet by its suffix), in file order."""
     path = Path(path)
     try:
@@ -192,7 +200,7 @@ def read_rows(path: str | Path, checker: RowChecker) -> Iterator[InputRow]:
     yield from _read_jsonl(path, checker)
 
 
-def _read_jsonl(path: Path, checker: RowChecker) -> Iterator[InputRow]:
+def _read_jsonl(path: Path, checker: RowReader) -> Iterator[InputRow]:
     """Blank lines are not rows, but they count, so numbers are the file's line numbers."""
     with path.open("rb") as lines:
         for number, raw in enumerate(lines, start=1):

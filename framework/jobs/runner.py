@@ -27,10 +27,11 @@ from ..request.prompts import row_settings as own_settings
 from ..request.sessions import changed_settings
 from ..structured.response_format import parse_json_output
 from ..structured.settings import CONSTRAINT_FIELDS, constraint
-from .check import InputReport, scan_rows
+from .check import InputReport
+from .formats import JobFormat, job_format, model_name
 from .progress import JobSummary, Progress
-from .results import ResultLog, open_results
-from .rows import InputRow, RowChecker, chat_options, id_key, read_rows, replaces_constraint
+from .results import ResultLog
+from .rows import InputRow, chat_options, id_key, replaces_constraint
 
 if TYPE_CHECKING:
     from ..api import TextGenerator
@@ -74,27 +75,30 @@ def run_job(
     engine: str = "local",
     settings: Mapping[str, Any] | None = None,
     progress: TextIO | None = sys.stderr,
+    input_format: str | None = None,
 ) -> JobSummary:
     """Generate for every row of ``input_path`` not already in ``output_path``.
 
     ``settings`` are the job's call layer (a row's own settings win over them; the
     generator's pipeline is the layer below). ``progress``: where the live line (only on
-    a terminal) and the summary go; None for silence. Raises before any row runs when
-    the job as a whole cannot work (bad settings, duplicate ids, unusable output).
+    a terminal) and the summary go; None for silence. ``input_format``: ``"ortgen"``
+    (rows), ``"openai"`` (OpenAI batch lines, answered with its output lines) or None /
+    ``"auto"`` (by the first line; ``formats.job_format``). Raises before any row runs
+    when the job as a whole cannot work (bad settings, duplicate ids, unusable output).
     """
     if engine != "local":
         raise ConfigError(RAY_NEEDS_ITS_RUNNER if engine == "ray" else f"unknown engine {engine!r}")
     check_sizes(batch_size, window)
     settings = dict(settings or {})
     check_one_result_per_row(gen.resolve_config(settings).config.num_return_sequences)
-    report = scan_unique(input_path)
-    results = open_results(output_path)
+    fmt = job_format(input_path, input_format, model=model_name(gen.path))
+    report = fmt.scan_unique(input_path)
+    results = fmt.results(output_path)
     done = results.open()
     try:
         tracker = Progress(report.rows, len(report.ids & done), progress)
         job = RowRunner(gen, settings, batch_size)
-        checker = RowChecker(job.check_settings)
-        for rows in chunks(read_rows(input_path, checker), window):
+        for rows in chunks(fmt.rows(input_path, job.check_settings), window):
             for records in job.run_window([row for row in rows if id_key(row.id) not in done]):
                 write_records(results, tracker, records)
         results.finish()
@@ -117,13 +121,10 @@ def check_one_result_per_row(num_return_sequences: int) -> None:
 
 
 def scan_unique(input_path: str | Path) -> InputReport:
-    """The input's report (rows, ids); raises when two rows share an id, since resume
-    finds rows by id and would take them for one row."""
-    report = scan_rows(read_rows(input_path, RowChecker()))
-    if report.duplicates:
-        listed = "\n".join(f"  - {where}: {why}" for where, why in report.duplicates[:10])
-        raise InputError(f"{input_path} has rows with the same id:\n{listed}")
-    return report
+    """The input's report (rows, ids) in ortgen's row format; raises when two rows share
+    an id, since resume finds rows by id and would take them for one row (a format's
+    own: ``JobFormat.scan_unique``)."""
+    return JobFormat().scan_unique(input_path)
 
 
 def write_records(results: ResultLog, progress: Progress, records: list[dict[str, Any]]) -> None:
@@ -213,7 +214,8 @@ class RowRunner:
             if len(batch) > 1:  # find the row that fails: the others still complete
                 return [record for ready in batch for record in self._run_batch([ready])]
             message = str(exc) if isinstance(exc, OrtgenError) else f"{type(exc).__name__}: {exc}"
-            return [_error(batch[0].row, message)]
+            server = not isinstance(exc, ConfigError | InputError)  # not what the row asked
+            return [_error(batch[0].row, message, server=server)]
         texts = out.text if isinstance(out.text, list) else [out.text] * len(batch)
         return [self._record(ready, out, i, texts[i]) for i, ready in enumerate(batch)]
 
@@ -241,6 +243,8 @@ class RowRunner:
             finish_reason=reason,
             usage={"prompt_tokens": len(ready.ids), "completion_tokens": len(out.tokens[i])},
         )
+        if ready.row.meta is not None:  # another format's line, answered as the server
+            return {**record, "meta": ready.row.meta}  # answers: no ``parsed`` promise
         if plan is not None and plan.json_answer:  # after a thought: the content's JSON
             value, why = parse_json_output(record["text"], reason)
         elif (plan is None or not plan.calls_allowed) and self._wants_json(ready.own):
@@ -267,8 +271,13 @@ class RowRunner:
         return config.json_schema is not None or config.json_object
 
 
-def _error(row: InputRow, message: str) -> dict[str, Any]:
-    return {"id": row.id, "error": f"{row.where}: {message}"}
+def _error(row: InputRow, message: str, *, server: bool = False) -> dict[str, Any]:
+    """A row's error line; ``server``: it failed while it ran, not for what it asked (the
+    server would answer 500), which a line of another format (``row.meta``) tells."""
+    record: dict[str, Any] = {"id": row.id, "error": f"{row.where}: {message}"}
+    if row.meta is not None:
+        record["meta"] = {**row.meta, "server_error": True} if server else row.meta
+    return record
 
 
 def _about_the_prompt(message: str, number: int) -> str:

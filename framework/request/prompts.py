@@ -55,7 +55,7 @@ def row_settings(item: Mapping[str, Any]) -> dict[str, Any]:
         raise InputError(
             f"a row cannot set {', '.join(batch_wide)}: it applies to the whole batch "
             "(set it for the whole request: a call argument or the pipeline's [generation])",
-            field="prompt",
+            field=batch_wide[0],
         )
     return own
 

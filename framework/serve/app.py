@@ -35,7 +35,7 @@ from ..request.outputs import StreamPiece
 from . import metrics as prometheus
 from .chat_page import chat_page_routes, is_page_path
 from .engine import RowHandle
-from .errors import RequestError, shutting_down
+from .errors import RequestError, no_route, shutting_down
 from .model_pool import ServedModel
 from .openai_api import ParsedRequest, parse_chat, parse_completion
 from .openapi import PUBLIC_PATHS, openapi_document
@@ -365,9 +365,7 @@ async def _request_error(request: Request, exc: Exception) -> Response:
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
-        error = RequestError(
-            f"no route {request.method} {request.url.path}", status=404, code="unknown_url"
-        )
+        error = no_route(request.method, request.url.path)
     else:
         error = RequestError(str(exc.detail), status=exc.status_code)
     return JSONResponse(error.body(), status_code=error.status, headers=exc.headers)

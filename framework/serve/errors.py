@@ -1,38 +1,12 @@
-"""The error every route answers with: OpenAI's ``{"error": {...}}`` body and a status."""
+"""The error every route answers with: OpenAI's ``{"error": {...}}`` body and a status
+(``RequestError``, defined with the request side in ``ortgen.request.openai_errors``, since
+an OpenAI batch job answers a line with it too)."""
 
 from __future__ import annotations
 
-from typing import Any
+from ..request.openai_errors import RequestError, no_route
 
-
-class RequestError(Exception):
-    """What the client did wrong (or why the server cannot serve it), as OpenAI reports it."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        param: str | None = None,
-        status: int = 400,
-        kind: str = "invalid_request_error",
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-        self.status = status
-        self.kind = kind
-        self.code = code
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+__all__ = ["RequestError", "no_route", "shutting_down"]
 
 
 def shutting_down(message: str = "the server is shutting down") -> RequestError:

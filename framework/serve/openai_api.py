@@ -9,8 +9,9 @@ judge of what exists and an unknown key fails with its did-you-mean.
 
 Errors are ``RequestError`` (``ortgen.serve.errors``): the HTTP status and OpenAI's
 ``param``, the request field at fault (not the ortgen setting it became), so a client
-sees the name it sent. The OpenAI sampling fields are translated in ``openai_fields``;
-the response side (chunks, logprobs) lives in ``responses``.
+sees the name it sent. A body is read without the model in ``ortgen.request.openai_body``
+(the sampling fields in ``ortgen.request.openai_fields``), which an OpenAI batch job reads
+its lines with too; the response side (chunks, logprobs) lives in ``responses``.
 """
 
 from __future__ import annotations
@@ -24,18 +25,10 @@ from ..chat_formats.reply import ReplyPlan
 from ..errors import ConfigError, InputError, OrtgenError
 from ..loop.chain import Chain
 from ..request import COMPONENT_KINDS, ChatRequest, build_chat, clipped_length, component_problems
+from ..request.openai_body import BodyFields, ChatFields, chat_fields, completion_fields
+from ..request.openai_errors import request_error
 from .engine import Engine
 from .errors import RequestError
-from .openai_fields import (
-    COMPLETION_LOGPROBS,
-    INTEGERS,
-    REASONING_EFFORTS,
-    VERBOSITIES,
-    boolean,
-    integer,
-    one_of,
-    settings_of,
-)
 from .openai_prediction import with_prediction
 
 
@@ -83,150 +76,96 @@ class ParsedRequest:
 def parse_completion(
     body: Mapping[str, Any], gen: TextGenerator, *, max_rows: int
 ) -> ParsedRequest:
-    """``POST /v1/completions``: ``prompt`` is text, a list of texts, token ids or a list
-    of token-id lists; ``logprobs`` is the number of alternatives (0-5). ``echo`` puts
-    the prompt (and, with ``logprobs``, its tokens' logprobs, the first null) before the
-    answer; ``max_tokens: 0`` generates nothing (with ``echo`` or ``prompt_logprobs``:
-    the prompt is only scored; one token is picked and dropped, as vLLM does)."""
-    if "prompt" not in body:
-        raise RequestError("prompt is required", param="prompt")
-    prompts, texts = _completion_prompts(body["prompt"], gen)
-    logprobs = integer(body, "logprobs", *COMPLETION_LOGPROBS)
-    echo = bool(boolean(body, "echo"))
-    prompt_logprobs = _prompt_logprobs(body)
-    score_only = body.get("max_tokens") == 0 and not isinstance(body.get("max_tokens"), bool)
-    if score_only and not echo and prompt_logprobs is None:
-        raise RequestError(
-            "max_tokens=0 generates nothing: it scores the prompt, with echo=true or "
-            "prompt_logprobs; otherwise max_tokens must be >= 1",
-            param="max_tokens",
-        )
-    settings, names, rest = settings_of(
-        {**body, "max_tokens": 1} if score_only else body, chat=False
-    )
-    if logprobs is not None:
-        settings.update(logprobs=True, top_logprobs=logprobs)
+    """``POST /v1/completions``: the body read as ``ortgen.request.openai_body`` reads it
+    (``prompt`` in any of its shapes, ``logprobs`` the number of alternatives, ``echo``,
+    ``max_tokens: 0`` and ``prompt_logprobs``), then each prompt encoded and checked
+    against the vocabulary. ``echo`` puts the prompt (and, with ``logprobs``, its tokens'
+    logprobs, the first null) before the answer; ``max_tokens: 0`` only scores the prompt
+    (one token is picked and dropped, as vLLM does)."""
+    fields = completion_fields(body)
+    prompts = _encoded(fields.prompts, gen)
+    settings, names = fields.settings, fields.names
+    if fields.logprobs is not None:
+        settings.update(logprobs=True, top_logprobs=fields.logprobs)
         names.update(logprobs="logprobs", top_logprobs="logprobs")
-    scored = [n for n in (prompt_logprobs, logprobs if echo else None) if n is not None]
+    scored = [n for n in (fields.prompt_logprobs, fields.logprobs if fields.echo else None)
+              if n is not None]  # fmt: skip
     if scored:  # echo with logprobs shows the prompt's, with as many alternatives
         settings["prompt_logprobs"] = max(scored)
-        names["prompt_logprobs"] = "prompt_logprobs" if prompt_logprobs is not None else "echo"
-    echoed = texts if echo else None
+        names["prompt_logprobs"] = (
+            "prompt_logprobs" if fields.prompt_logprobs is not None else "echo"
+        )
+    texts = _texts(fields.prompts, prompts, gen) if fields.echo else None
     request = _request(
-        gen, prompts, settings, names, rest, chat=False, max_rows=max_rows, texts=echoed
+        gen, prompts, settings, names, fields, chat=False, max_rows=max_rows, texts=texts
     )
-    request.echo, request.score_only = echo, score_only
-    request.prompt_logprobs = prompt_logprobs
+    request.echo, request.score_only = fields.echo, fields.score_only
+    request.prompt_logprobs = fields.prompt_logprobs
     return request
 
 
-def _prompt_logprobs(body: Mapping[str, Any]) -> int | None:
-    """vLLM's ``prompt_logprobs``: 0-20 alternatives per prompt token, with the whole
-    answer only (as vLLM, not in a stream)."""
-    value = integer(body, "prompt_logprobs", *INTEGERS["prompt_logprobs"])
-    if value is not None and body.get("stream"):
-        raise RequestError(
-            "prompt_logprobs come with the whole answer only: not with stream=true",
-            param="prompt_logprobs",
-        )
-    return value
+def _texts(given: list[str | list[int]], rows: list[list[int]], gen: TextGenerator) -> list[str]:
+    """Each prompt's text for ``echo``: as given, or its token ids decoded, special
+    tokens kept."""
+    tokenizer = gen.tokenizer
+    assert tokenizer is not None  # a served model has one
+    return [
+        item if isinstance(item, str) else tokenizer.decode(row, skip_special_tokens=False)
+        for item, row in zip(given, rows, strict=True)
+    ]
 
 
 def parse_chat(body: Mapping[str, Any], gen: TextGenerator, *, max_rows: int) -> ParsedRequest:
-    """``POST /v1/chat/completions``: ``messages`` rendered with the model's chat
-    template (``tools`` and ``chat_template_kwargs`` reach it too)."""
-    if "messages" not in body:
-        raise RequestError("messages is required", param="messages")
-    logprobs = boolean(body, "logprobs")
-    top = integer(body, "top_logprobs", *INTEGERS["top_logprobs"])
-    if top and not logprobs:
-        raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
-    effort = one_of(body, "reasoning_effort", REASONING_EFFORTS)
-    verbosity = one_of(body, "verbosity", VERBOSITIES)
-    prompt_logprobs = _prompt_logprobs(body)
-    settings, names, rest = settings_of(body, chat=True)
-    chat = _chat(body, gen, settings, names)
+    """``POST /v1/chat/completions``: the body read as ``ortgen.request.openai_body``
+    reads it, then ``messages`` rendered with the model's chat template (``tools`` and
+    ``chat_template_kwargs`` reach it too)."""
+    fields = chat_fields(body)
+    names = fields.names
+    chat = _chat(fields, gen)
     settings = chat.settings
     names.update(chat.sources)
     settings = with_prediction(body, gen, settings, names)  # drafts from the prediction
-    if logprobs:
-        settings.update(logprobs=True, top_logprobs=top or 0)
+    if fields.logprobs:
+        settings.update(logprobs=True, top_logprobs=fields.top_logprobs)
         names.update(logprobs="logprobs", top_logprobs="top_logprobs")
-    if prompt_logprobs is not None:
-        settings["prompt_logprobs"] = prompt_logprobs
+    if fields.prompt_logprobs is not None:
+        settings["prompt_logprobs"] = fields.prompt_logprobs
         names["prompt_logprobs"] = "prompt_logprobs"
-    request = _request(gen, [chat.prompt], settings, names, rest, chat=True, max_rows=max_rows)
+    request = _request(gen, [chat.prompt], settings, names, fields, chat=True, max_rows=max_rows)
     request.reply_plan = chat.plan
-    request.reasoning_effort, request.verbosity = effort, verbosity
-    request.prompt_logprobs = prompt_logprobs
+    request.reasoning_effort, request.verbosity = fields.reasoning_effort, fields.verbosity
+    request.prompt_logprobs = fields.prompt_logprobs
     return request
 
 
-def _completion_prompts(prompt: Any, gen: TextGenerator) -> tuple[list[list[int]], list[str]]:
-    """Every completions prompt shape, encoded and checked against the vocabulary; and
-    each prompt's text (``echo``): as given, or token ids decoded, special tokens kept."""
-    if isinstance(prompt, str):
-        items: list[Any] = [prompt]
-    elif isinstance(prompt, list) and prompt and all(_is_id(t) for t in prompt):
-        items = [prompt]
-    elif isinstance(prompt, list) and prompt:
-        items = prompt
-    else:
-        raise RequestError(
-            "prompt must be a non-empty string, list of strings, list of token ids or list "
-            f"of token-id lists, got {prompt!r:.80}",
-            param="prompt",
-        )
-    rows, texts = [], []
-    tokenizer = gen.tokenizer
-    assert tokenizer is not None  # a served model has one
-    for i, item in enumerate(items):
+def _encoded(prompts: list[str | list[int]], gen: TextGenerator) -> list[list[int]]:
+    """Each completions prompt encoded and checked against the vocabulary."""
+    rows = []
+    for i, item in enumerate(prompts):
         try:
             if isinstance(item, str):
                 rows.append(gen.prompts.encode_text(item, i))
-                texts.append(item)
-            elif isinstance(item, list) and all(_is_id(t) for t in item):
-                rows.append(gen.prompts.check_ids(list(item), i))
-                texts.append(tokenizer.decode(rows[-1], skip_special_tokens=False))
             else:
-                raise InputError(f"prompt {i} must be a string or a list of token ids")
+                rows.append(gen.prompts.check_ids(list(item), i))
         except InputError as exc:
             raise RequestError(str(exc), param="prompt") from None
-    return rows, texts
+    return rows
 
 
-def _is_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _chat(
-    body: Mapping[str, Any], gen: TextGenerator, settings: dict[str, Any], names: dict[str, str]
-) -> ChatRequest:
+def _chat(fields: ChatFields, gen: TextGenerator) -> ChatRequest:
     """The conversation through the one request builder (``ortgen.request.build_chat``,
     as ``gen.chat()``); its errors name their field, mapped to the request's name."""
-    messages = body["messages"]
-    if not isinstance(messages, list) or not messages:
-        raise RequestError("messages must be a non-empty list of messages", param="messages")
-    kwargs = body.get("chat_template_kwargs") or {}
-    if not isinstance(kwargs, Mapping):
-        raise RequestError(
-            "chat_template_kwargs must be an object of template variables",
-            param="chat_template_kwargs",
-        )
     try:
         return build_chat(
             gen,
-            messages,
-            settings,
-            tools=body.get("tools"),
-            tool_choice=body.get("tool_choice"),
-            parallel_tool_calls=body.get("parallel_tool_calls"),
-            response_format=body.get("response_format"),
-            template_kwargs=kwargs,
-            reasoning_effort=body.get("reasoning_effort"),
+            fields.messages,
+            fields.settings,
+            **fields.options,
+            template_kwargs=fields.template_kwargs,
+            reasoning_effort=fields.reasoning_effort,
         )
     except OrtgenError as exc:
-        raise request_error(exc, names, default="messages") from None
+        raise request_error(exc, fields.names, default="messages") from None
 
 
 def _request(
@@ -234,7 +173,7 @@ def _request(
     prompts: list[list[int]],
     settings: dict[str, Any],
     names: dict[str, str],
-    rest: dict[str, Any],
+    fields: BodyFields,
     *,
     chat: bool,
     max_rows: int,
@@ -244,7 +183,7 @@ def _request(
     length in the request, a row whose model default would run past the context gets
     what is left of it (as ``generate`` clips), instead of an error. ``texts``: each
     prompt's text, for rows that echo it."""
-    n, seed = rest["n"], rest["seed"]
+    n, seed = fields.n, fields.seed
     if len(prompts) * n > max_rows:
         raise RequestError(
             f"{len(prompts)} prompt(s) x n={n} is {len(prompts) * n} rows; this server takes "
@@ -269,8 +208,8 @@ def _request(
         chat=chat,
         rows=rows,
         prompt_tokens=sum(len(p) for p in prompts),
-        stream=rest["stream"],
-        include_usage=rest["include_usage"],
+        stream=fields.stream,
+        include_usage=fields.include_usage,
         logprobs=bool(settings.get("logprobs")),
         top_logprobs=int(settings.get("top_logprobs") or 0),
         prompt_field="messages" if chat else "prompt",
@@ -306,24 +245,3 @@ def check_row(engine: Engine, gen: TextGenerator, row: Row, request: ParsedReque
     except OrtgenError as exc:
         given = [k for k in COMPONENT_KINDS if row.settings.get(k) is not None]
         raise request_error(exc, request.names, default=given[0] if given else None) from None
-
-
-def request_error(
-    exc: OrtgenError,
-    names: Mapping[str, str],
-    *,
-    prompt: str = "prompt",
-    default: str | None = None,
-) -> RequestError:
-    """A 400 for an ortgen error, its ``param`` the request field the error's own field
-    (``ConfigError.problems``, ``InputError.field``) came from: ``names`` maps an ortgen
-    setting to the OpenAI field that set it, ``prompt`` names the request's prompt field
-    (``messages`` in a chat). The message is never read."""
-    field = getattr(exc, "field", None)
-    if field == "prompt":
-        param: str | None = prompt
-    elif field is not None:
-        param = names.get(field, field)
-    else:
-        param = default
-    return RequestError(str(exc), param=param)

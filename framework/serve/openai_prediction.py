@@ -24,31 +24,8 @@ from typing import Any
 
 from ..api import TextGenerator
 from ..errors import ConfigError
+from ..request.openai_body import prediction_text
 from .errors import RequestError
-
-_SHAPE = (
-    'prediction must be {"type": "content", "content": a string or a list of '
-    '{"type": "text", "text": ...} parts}'
-)
-
-
-def prediction_text(value: Any) -> str | None:
-    """The predicted text of a ``prediction`` field (None when there is none), or a 400
-    naming ``prediction``."""
-    if value is None:
-        return None
-    if not isinstance(value, Mapping) or value.get("type") != "content":
-        raise RequestError(f"{_SHAPE}, got {value!r:.80}", param="prediction")
-    content = value.get("content")
-    if isinstance(content, str):
-        return content
-    parts = content if isinstance(content, list) else None
-    if parts is None or not all(
-        isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str)
-        for p in parts
-    ):
-        raise RequestError(f"{_SHAPE}, got content {content!r:.80}", param="prediction")
-    return "".join(p["text"] for p in parts)
 
 
 def with_prediction(

@@ -1,7 +1,7 @@
 """The OpenAPI 3.1 document of ``ortgen serve``, served at ``GET /openapi.json``.
 
 Built from the tables the server parses requests with, so it cannot drift from them:
-the OpenAI fields and their ranges (``openai_fields``: ``COMPLETION_FIELDS``,
+the OpenAI fields and their ranges (``ortgen.request.openai_fields``: ``COMPLETION_FIELDS``,
 ``CHAT_FIELDS``; ``openai_ignored``: ``NO_EFFECT``, ``UNSUPPORTED``, with the reasons;
 ``responses_api``: ``RESPONSES_FIELDS`` and the fields accepted only at some values)
 and the ortgen settings a request may add (``ortgen.config.FIELDS``, typed by
@@ -19,10 +19,10 @@ from typing import Any
 
 from ..config import FIELDS, IGNORED_HF_FIELDS, UNSUPPORTED_HF_FIELDS
 from ..config.values import BOOL_FIELDS, FLOAT_FIELDS, INT_FIELDS, TOKEN_LIST_FIELDS
+from ..request.openai_fields import CHAT_FIELDS, COMMON_FIELDS, COMPLETION_FIELDS, OPENAI_FIELDS
+from ..request.openai_ignored import NO_EFFECT, UNSUPPORTED
 from ..version import __version__
 from .chat_page import PAGE_FILES
-from .openai_fields import CHAT_FIELDS, COMMON_FIELDS, COMPLETION_FIELDS, OPENAI_FIELDS
-from .openai_ignored import NO_EFFECT, UNSUPPORTED
 from .responses_api import RESPONSES_FIELDS, accepted_fields
 
 __all__ = ["openapi_document"]

@@ -16,23 +16,20 @@ from __future__ import annotations
 import functools
 import math
 import time
-import uuid
 from typing import Any
 
 from ..chat_formats.reply import ReplyPlan, ReplyStream, read_reply
+from ..request.openai_answer import (
+    assistant_message,
+    completion_id,
+    finish_reason,
+    object_name,
+    usage,
+)
 from ..request.outputs import StreamPiece, TokenLogprob
 from ..text import Tokenizer
 from .echo import FLOOR, joined, legacy_prompt_logprobs, vllm_prompt_logprobs
 from .openai_api import ParsedRequest, Row
-
-
-def finish_reason(reason: str) -> str:
-    """ortgen's end reason as OpenAI's: the token limit (and ``max_time``) is "length",
-    an answer that ended with whole tool calls "tool_calls", everything else that ended
-    the text on purpose (EOS, a stop string, a plugin's stopping criterion) "stop"."""
-    if reason == "tool_calls":
-        return reason
-    return "length" if reason in ("length", "time") else "stop"
 
 
 def _logprob(value: float) -> float:
@@ -166,8 +163,7 @@ class Answer:
         self.model = model
         self.words = words
         self.created = int(time.time())
-        prefix = "chatcmpl" if request.chat else "cmpl"
-        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.id = completion_id(request.chat)
         self._rows: dict[int, Row] = {row.index: row for row in request.rows}
 
     def _head(self, obj: str) -> dict[str, Any]:
@@ -176,13 +172,8 @@ class Answer:
     def usage(self, choices: list[Choice]) -> dict[str, int]:
         """Generated tokens count every token a row produced, the EOS that ended it too
         (as ``GenerationOutput.tokens``); each prompt counts once, whatever ``n`` is."""
-        completion = 0 if self.request.score_only else sum(len(c.pieces) for c in choices)
-        prompt = self.request.prompt_tokens
-        return {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-        }
+        generated = 0 if self.request.score_only else sum(len(c.pieces) for c in choices)
+        return usage(self.request.prompt_tokens, generated)
 
     def _logprobs(
         self, pieces: list[StreamPiece], choice: Choice, echoed: dict[str, Any] | None = None
@@ -230,15 +221,14 @@ class Answer:
         text = "".join(choice.text)
         plan = self.request.reply_plan
         if plan is None:
-            return {"role": "assistant", "content": text}, finish_reason(
-                choice.finish_reason or "stop"
-            )
+            return assistant_message(text), finish_reason(choice.finish_reason or "stop")
         reply = read_reply(text, plan, choice.finish_reason or "stop")
-        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
-        if plan.tags is not None:
-            message["reasoning_content"] = reply.reasoning_content
-        if reply.tool_calls:
-            message["tool_calls"] = reply.tool_calls
+        message = assistant_message(
+            reply.content,
+            reasoning_content=reply.reasoning_content,
+            tool_calls=reply.tool_calls,
+            thought=plan.tags is not None,
+        )
         return message, finish_reason(reply.finish_reason)
 
     def full(self, choices: list[Choice]) -> dict[str, Any]:
@@ -269,8 +259,7 @@ class Answer:
     # -- streaming ---------------------------------------------------------------------
 
     def _chunk(self, item: dict[str, Any]) -> dict[str, Any]:
-        obj = "chat.completion.chunk" if self.request.chat else "text_completion"
-        return {**self._head(obj), "choices": [item]}
+        return {**self._head(object_name(self.request.chat, chunk=True)), "choices": [item]}
 
     def opening(self, choice: Choice) -> dict[str, Any] | None:
         """Chat streams start each choice with its role (as OpenAI)."""
@@ -339,5 +328,5 @@ class Answer:
 
     def usage_chunk(self, choices: list[Choice]) -> dict[str, Any]:
         """``stream_options.include_usage``: the last chunk, usage and no choices."""
-        obj = "chat.completion.chunk" if self.request.chat else "text_completion"
+        obj = object_name(self.request.chat, chunk=True)
         return {**self._head(obj), "choices": [], "usage": self.usage(choices)}

@@ -26,9 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api import TextGenerator
-from .errors import RequestError
-from .openai_api import ParsedRequest, parse_chat
-from .openai_fields import (
+from ..request.openai_fields import (
     CHAT_FIELDS,
     COMMON_FIELDS,
     NUMBERS,
@@ -39,7 +37,9 @@ from .openai_fields import (
     integer,
     number,
 )
-from .openai_ignored import NO_EFFECT, UNSUPPORTED
+from ..request.openai_ignored import NO_EFFECT, UNSUPPORTED
+from .errors import RequestError
+from .openai_api import ParsedRequest, parse_chat
 from .responses_input import conversation, tool_choice, tools
 
 __all__ = ["RESPONSES_FIELDS", "ResponsesRequest", "parse_responses"]

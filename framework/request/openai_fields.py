@@ -5,8 +5,10 @@ here so the error names the field the client sent. What is not an OpenAI field i
 an ortgen setting for ``resolve_config`` to judge (the OpenAI client's ``extra_body``).
 ``COMPLETION_FIELDS`` and ``CHAT_FIELDS`` list the fields each route reads with the JSON
 schema of their values (the ranges from ``NUMBERS`` and ``INTEGERS``, the ones checked
-here): ``openapi`` publishes them at ``/openapi.json``. The fields accepted with no effect
-and those accepted only at their defaults are in ``openai_ignored``, with the reasons.
+here): the server's ``openapi`` publishes them at ``/openapi.json``. The fields accepted
+with no effect and those accepted only at their defaults are in ``openai_ignored``, with
+the reasons. The server reads its requests with them, and an OpenAI batch job its lines
+(``openai_body`` reads a whole body).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import RequestError
+from .openai_errors import RequestError
 from .openai_ignored import IGNORED, UNSUPPORTED  # the tests read them here too
 
 #: most rows (prompts x n) one request may ask for: one request must fit the engine

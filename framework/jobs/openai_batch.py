@@ -1,0 +1,300 @@
+"""OpenAI's batch files in ``ortgen run``: batch input lines in, batch output lines out.
+
+An input line is ``{"custom_id", "method": "POST", "url", "body"}``. Its body is read
+as the server reads a request body (``ortgen.request.openai_body``: the same checks, the
+same ortgen settings, the same errors naming the field) and becomes one row of ortgen's
+own shape (``"messages"`` or ``"prompt"``, settings, chat options), so it runs through
+the same engines as any row: batched with the others by length, retried alone when its
+batch fails, on the local engine or on Ray. ``custom_id`` is the row's id: resume finds a
+line's answer by it, and a file whose lines cannot each be found again by it (a line
+without one, a custom_id used twice, a line that is not JSON) stops before it starts, as
+OpenAI refuses such a file when it validates it.
+
+Each answer is written as OpenAI's batch output line: ``{"id": "batch_req_...",
+"custom_id", "response": {"status_code": 200, "request_id", "body"}, "error": null}``,
+the body the ``chat.completion`` or ``text_completion`` the server would answer
+(``ortgen.request.openai_answer``). A line that cannot run is answered with the error
+body the server would give (``{"error": {"message", "type", "param", "code"}}``, its
+status) and ``"error": {"code", "message"}``: an unknown url with 404, a bad field with
+400 naming it. ``/v1/embeddings``, ``/v1/responses`` and ``/v1/moderations`` lines are
+such error lines: ortgen has no embeddings, Responses API or moderation model.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, InputError, OrtgenError
+from ..request.openai_answer import (
+    assistant_message,
+    completion_choice,
+    completion_id,
+    completion_object,
+    finish_reason,
+    usage,
+)
+from ..request.openai_body import (
+    BodyFields,
+    chat_fields,
+    completion_fields,
+    prediction_text,
+)
+from ..request.openai_errors import RequestError, no_route, request_error
+from .formats import JobFormat
+from .results import ResultLog
+from .rows import InputRow, RowChecker, SettingsCheck, is_parquet, read_rows
+
+__all__ = ["CHAT_URL", "COMPLETIONS_URL", "BatchOutput", "OpenAIBatch", "line_request"]
+
+CHAT_URL = "/v1/chat/completions"
+COMPLETIONS_URL = "/v1/completions"
+#: the keys of a batch input line
+LINE_KEYS = ("custom_id", "method", "url", "body")
+#: endpoints OpenAI's batch API takes that ortgen does not answer, and why
+NOT_HERE = {
+    "/v1/embeddings": "ortgen has no embeddings yet (it generates text)",
+    "/v1/responses": "ortgen has no Responses API; send the request to /v1/chat/completions",
+    "/v1/moderations": "ortgen runs no moderation model",
+}
+_ANSWERED = f"ortgen run answers {CHAT_URL} and {COMPLETIONS_URL} lines"
+
+
+class OpenAIBatch(JobFormat):
+    """OpenAI's batch input lines, answered with its batch output lines (JSONL)."""
+
+    name = "openai"
+    id_name = "custom_id"
+    stop_message = (
+        "cannot run as an OpenAI batch file: every line needs a custom_id of its own "
+        "(a resumed job finds a line's answer by it)"
+    )
+
+    def __init__(self, model: str) -> None:
+        self.model = model  # what an answer body calls the model
+
+    def rows(
+        self, path: str | Path, check_settings: SettingsCheck | None = None
+    ) -> Iterator[InputRow]:
+        for row in read_rows(path, LineChecker(check_settings)):
+            # a line no custom_id names (not JSON, none in it): its answer could not be told
+            yield row if row.meta is not None else replace(row, id=None)
+
+    def results(self, path: str | Path) -> ResultLog:
+        if is_parquet(path):
+            raise ConfigError(
+                f"the output {path}: OpenAI batch output is JSONL; give a .jsonl output"
+            )
+        return BatchOutput(Path(path), self.model)
+
+
+class LineChecker(RowChecker):
+    """One batch input line to an :class:`InputRow`: the row its body makes, checked as
+    any row is, with the line's url (and, when it cannot run, the error to answer) as its
+    ``meta``. A line without a usable custom_id has no meta: it stops the job."""
+
+    def __call__(self, number: int, unit: str, data: Any) -> InputRow:
+        if not isinstance(data, Mapping):
+            kind = "null" if data is None else type(data).__name__
+            return InputRow(number, unit, number, error=f"a line must be a JSON object, got {kind}")
+        custom_id = data.get("custom_id")
+        if not isinstance(custom_id, str) or not custom_id:
+            got = "none" if "custom_id" not in data else repr(custom_id)[:60]
+            return InputRow(
+                number, unit, number, error=f'"custom_id" must be a non-empty string, got {got}'
+            )
+        url = data.get("url")
+        meta: dict[str, Any] = {"url": url if isinstance(url, str) else None}
+        try:
+            request, names = line_request(data)
+        except RequestError as exc:
+            return _failed_row(number, unit, custom_id, exc, meta)
+        return self.row(number, unit, custom_id, request, {**meta, "names": names})
+
+    def row(
+        self, number: int, unit: str, custom_id: str, request: dict[str, Any], meta: dict[str, Any]
+    ) -> InputRow:
+        """The row a line's body made, checked as any row is (its settings too, when
+        this checker has the check), an error named by the body's field as the server
+        names it (``meta["names"]``: setting -> field). A Ray worker checks again here."""
+        try:
+            self._check(request)
+        except OrtgenError as exc:
+            prompt = "messages" if "messages" in request else "prompt"
+            error = request_error(exc, meta["names"], prompt=prompt)
+            return _failed_row(number, unit, custom_id, error, meta)
+        return InputRow(number, unit, custom_id, request=request, meta=meta)
+
+
+def _failed_row(
+    number: int, unit: str, custom_id: str, exc: RequestError, meta: dict[str, Any]
+) -> InputRow:
+    """A line that cannot run, with the error the server would answer it with."""
+    error = {"status": exc.status, "type": exc.kind, "param": exc.param, "code": exc.code}
+    return InputRow(number, unit, custom_id, error=exc.message, meta={**meta, "error": error})
+
+
+def line_request(line: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The row (ortgen's shape) a batch input line asks for and the body field each of
+    its settings came from, or the RequestError the server would answer its body with (a
+    url it does not answer: 404)."""
+    unknown = [key for key in line if key not in LINE_KEYS]
+    if unknown:
+        raise RequestError(
+            f"unknown key {unknown[0]!r} in a batch line: it takes {', '.join(LINE_KEYS)}",
+            param=str(unknown[0]),
+        )
+    method = line.get("method")
+    if method != "POST":
+        raise RequestError(f'method must be "POST", got {method!r:.60}', param="method")
+    url = line.get("url")
+    if not isinstance(url, str) or not url:
+        raise RequestError(
+            f"url must be an endpoint such as {CHAT_URL}, got {url!r:.60}", param="url"
+        )
+    if url in NOT_HERE:
+        error = no_route("POST", url, f"{NOT_HERE[url]}; {_ANSWERED}")
+        error.code = "unsupported_endpoint"
+        raise error
+    if url not in (CHAT_URL, COMPLETIONS_URL):
+        raise no_route("POST", url, _ANSWERED)
+    body = line.get("body")
+    if not isinstance(body, Mapping):
+        raise RequestError(f"body must be the JSON object of a {url} request", param="body")
+    return _chat_row(body) if url == CHAT_URL else _completion_row(body)
+
+
+def _chat_row(body: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    fields = chat_fields(body)
+    if fields.logprobs:
+        raise RequestError(_NO_LOGPROBS, param="logprobs")
+    prediction_text(body.get("prediction"))  # checked; it would only make the answer faster
+    row = {"messages": fields.messages, **_settings(fields)}
+    options = {key: value for key, value in fields.options.items() if value is not None}
+    if fields.template_kwargs:
+        options["chat_template_kwargs"] = fields.template_kwargs
+    if fields.reasoning_effort is not None:
+        options["reasoning_effort"] = fields.reasoning_effort
+    return {**row, **options}, {**fields.names, **{key: key for key in options}}
+
+
+def _completion_row(body: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    fields = completion_fields(body)
+    if len(fields.prompts) != 1:
+        raise RequestError(
+            f"a batch line takes one prompt, got {len(fields.prompts)}: give each prompt a "
+            "line (and a custom_id) of its own",
+            param="prompt",
+        )
+    if fields.logprobs is not None:
+        raise RequestError(_NO_LOGPROBS, param="logprobs")
+    return {"prompt": fields.prompts[0], **_settings(fields)}, fields.names
+
+
+_NO_LOGPROBS = "logprobs are not written by ortgen run yet: leave logprobs out of a batch line"
+
+
+def _settings(fields: BodyFields) -> dict[str, Any]:
+    """A line's own settings (its seed too): one answer each, written whole."""
+    if fields.n != 1:
+        raise RequestError(
+            f"n must be 1 in a batch line, got {fields.n}: each line gets one answer (give "
+            "each choice a line and a custom_id of its own)",
+            param="n",
+        )
+    if fields.stream:
+        why = "stream must be false in a batch line: its answer is written whole"
+        raise RequestError(why, param="stream")
+    if "id" in fields.settings:  # a row's id is its custom_id
+        raise RequestError("unknown field 'id' in the request body", param="id")
+    seed = {} if fields.seed is None else {"seed": fields.seed}
+    return {**fields.settings, **seed}
+
+
+class BatchOutput(ResultLog):
+    """The output of an OpenAI batch job: OpenAI's batch output lines, made from the
+    engines' result lines as they are appended; resumed by ``custom_id``."""
+
+    def __init__(self, path: Path, model: str) -> None:
+        super().__init__(path)
+        self.model = model
+
+    def _result_id(self, raw: bytes, number: int) -> Any:
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            line = None
+        if not isinstance(line, dict) or not isinstance(line.get("custom_id"), str):
+            raise InputError(
+                f"{self.path} line {number} is not an OpenAI batch output line (it has no "
+                "custom_id), so the job cannot resume from this file; give another output path"
+            )
+        return line["custom_id"]
+
+    def append(self, records: Iterable[dict[str, Any]]) -> None:
+        super().append([output_line(record, self.model) for record in records])
+
+
+def output_line(record: dict[str, Any], model: str) -> dict[str, Any]:
+    """OpenAI's batch output line for one result line of the engines."""
+    meta = record.get("meta") or {}
+    if "error" in record:
+        return _failed(record["id"], record["error"], meta)
+    text = record.get("text")
+    if text is None:  # token ids in, token ids out: an OpenAI answer is text
+        why = "the model has no tokenizer, so its answer has no text for an OpenAI body"
+        return _failed(record["id"], why, {"server_error": True})
+    chat = meta.get("url") == CHAT_URL
+    reason = finish_reason(record["finish_reason"])
+    answer: str | dict[str, Any] = text
+    if chat:
+        calls = record.get("tool_calls")
+        content = None if calls and not text else text
+        thought = record.get("reasoning_content")
+        answer = assistant_message(content, reasoning_content=thought, tool_calls=calls)
+    counted = record["usage"]
+    body = completion_object(
+        chat,
+        completion_id(chat),
+        int(time.time()),
+        model,
+        [completion_choice(0, answer, reason)],
+        usage(counted["prompt_tokens"], counted["completion_tokens"]),
+    )
+    return _line(record["id"], {"status_code": 200, "request_id": _request_id(), "body": body})
+
+
+def _failed(custom_id: str, message: str, meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The line of a request that failed: the error body the server would answer, and
+    ``error``. A line the engines failed while it ran (not the request's fault) is a 500."""
+    given = meta.get("error") or {}
+    server = bool(meta.get("server_error"))
+    error = RequestError(
+        message,
+        param=given.get("param"),
+        status=given.get("status", 500 if server else 400),
+        kind=given.get("type", "server_error" if server else "invalid_request_error"),
+        code=given.get("code"),
+    )
+    response = {"status_code": error.status, "request_id": _request_id(), "body": error.body()}
+    return _line(custom_id, response, {"code": error.code or error.kind, "message": message})
+
+
+def _line(
+    custom_id: str, response: dict[str, Any], error: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    return {
+        "id": f"batch_req_{uuid.uuid4().hex}",
+        "custom_id": custom_id,
+        "response": response,
+        "error": error,
+    }
+
+
+def _request_id() -> str:
+    return f"req_{uuid.uuid4().hex}"
