@@ -29,6 +29,7 @@ from ortgen.gguf.build import build_folder
 from ortgen.gguf.options import BuildOptions, variant_of
 from tests.gguf_models import write_tiny_gguf
 from tests.gguf_vocab import VOCAB_SIZE, tiny_vocab
+from tests.server_helpers import ServerProcess, call
 
 MAX_DIFF = 1e-4
 
@@ -155,3 +156,67 @@ def test_model_without_the_output_says_how_to_build_one(plain_folder: Path) -> N
     with pytest.raises(InputError, match=r"hidden_states.*--embeddings") as info:
         plain.embed("hello")
     assert info.value.field == "model"
+
+
+# -- POST /v1/embeddings --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(embed_folder: Path, plain_folder: Path) -> Iterator[ServerProcess]:
+    process = ServerProcess(
+        "-m", f"emb={embed_folder}", "-m", f"plain={plain_folder}", "--threads", "1", "--no-web"
+    ).ready()
+    yield process
+    process.stop()
+
+
+def test_openai_client_floats_base64_and_dimensions(server: ServerProcess, gen: Any) -> None:
+    client = server.client()
+    texts = ["hello world", "a longer text of several words", "x"]
+    want = gen.embed(texts)
+    got = client.embeddings.create(model="emb", input=texts, encoding_format="float")
+    assert got.object == "list" and got.model == "emb"
+    assert [d.index for d in got.data] == [0, 1, 2]
+    assert all(d.object == "embedding" for d in got.data)
+    floats = np.asarray([d.embedding for d in got.data], dtype=np.float32)
+    np.testing.assert_allclose(floats, want, atol=1e-6)
+    tokens = sum(len(gen.tokenizer.encode(t)) for t in texts)
+    assert got.usage.prompt_tokens == got.usage.total_tokens == tokens
+    # base64 (the client's default): little-endian float32, decoded by the client itself
+    b64 = client.embeddings.create(model="emb", input=texts)
+    np.testing.assert_array_equal(np.asarray([d.embedding for d in b64.data], np.float32), floats)
+    short = client.embeddings.create(model="emb", input=texts, dimensions=6, user="u1")
+    np.testing.assert_allclose(
+        np.asarray([d.embedding for d in short.data]), gen.embed(texts, dimensions=6), atol=1e-6
+    )
+
+
+def test_token_ids_and_mean_pooling(server: ServerProcess, gen: Any) -> None:
+    rows = prompts()
+    status, body = call(server, "/v1/embeddings", {"model": "emb", "input": rows[0]})
+    assert status == 200, body
+    np.testing.assert_allclose(body["data"][0]["embedding"], gen.embed(rows[0])[0], atol=1e-6)
+    status, body = call(
+        server, "/v1/embeddings", {"model": "emb", "input": rows, "pooling": "mean"}
+    )
+    assert status == 200, body
+    got = np.asarray([d["embedding"] for d in body["data"]])
+    np.testing.assert_allclose(got, gen.embed(rows, pooling="mean"), atol=1e-6)
+    assert body["usage"]["prompt_tokens"] == sum(map(len, rows))
+
+
+def test_bad_requests_name_their_field(server: ServerProcess) -> None:
+    status, body = call(server, "/v1/embeddings", {"model": "plain", "input": "hello"})
+    assert status == 400 and body["error"]["param"] == "model", body
+    assert "--embeddings" in body["error"]["message"]
+    for request, param in [
+        ({"input": []}, "input"),
+        ({"input": ["a", 3]}, "input"),
+        ({"input": [VOCAB_SIZE]}, "input"),
+        ({"input": "a", "pooling": "max"}, "pooling"),
+        ({"input": "a", "dimensions": 0}, "dimensions"),
+        ({"input": "a", "encoding_format": "int8"}, "encoding_format"),
+        ({"input": "a", "colour": 1}, "colour"),
+    ]:
+        status, body = call(server, "/v1/embeddings", {"model": "emb", **request})
+        assert status == 400 and body["error"]["param"] == param, (request, body)
