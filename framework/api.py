@@ -18,6 +18,7 @@ import pluggy
 from . import config as config_mod
 from .config.pipeline import Pipeline, load_pipeline
 from .errors import ComponentError, ConfigError, InputError
+from .loop.embedding import check_embedder, embed_rows
 from .loop.generate import Generation
 from .model.locate import model_folder
 from .model.session import ExportedModel
@@ -163,6 +164,20 @@ class TextGenerator:
             for i, row in enumerate(rows)
         ]
         return scores[0] if single else scores
+
+    def embed(
+        self, texts: Prompts, *, pooling: str = "last", normalize: bool = True,
+        dimensions: int | None = None,
+    ) -> np.ndarray:  # fmt: skip
+        """Embeddings of ``texts`` (text or token ids, one or a batch): a (N, D) float32
+        array from one forward, the last hidden state pooled over each text's tokens
+        (``last`` token or ``mean``), cut to ``dimensions`` and L2-normalised. Needs a
+        graph built to output it (``ortgen export FILE.gguf OUT --embeddings``)."""
+        check_embedder(self.model, self.path, pooling, dimensions)
+        rows, _, own = self.prompts.encode(texts)
+        if any(own):
+            raise InputError("embed() takes texts or token ids, not rows with settings")
+        return embed_rows(self.model, rows, pooling=pooling, normalize=normalize, dims=dimensions)
 
     def stream(
         self, prompt: Prompt, *, pipeline: PipelineArg = None, **settings: Any

@@ -42,6 +42,7 @@ ANSWERS = {
     "/v1/completions": SCHEMAS["Completion"],
     "/v1/chat/completions": SCHEMAS["ChatCompletion"],
     "/v1/responses": SCHEMAS["Response"],
+    "/v1/embeddings": SCHEMAS["EmbeddingList"],
     "/v1/models": SCHEMAS["ModelList"],
     "/v1/models/{model_id}": SCHEMAS["Model"],
 }
@@ -159,6 +160,7 @@ CASES = {
         ("POST", "/v1/completions"),
         ("POST", "/v1/chat/completions"),
         ("POST", "/v1/responses"),
+        ("POST", "/v1/embeddings"),
         ("GET", "/v1/models/{model_id}"),
     ]
     for mode in ("positive", "negative")
@@ -205,6 +207,15 @@ def test_requests_that_break_the_published_schemas(server, path, data, plain):
     where the server reads a value more loosely than the schema says)."""
     case = data.draw(CASES["POST", path, "negative"], label="case")
     event("answered" if send(server, case, plain) else "refused")
+
+
+@pytest.mark.parametrize("mode", ["positive", "negative"])
+@fuzz(8, long=200)
+@given(data=st.data())
+def test_embeddings_route_from_the_published_schema(server, mode, data):
+    """``/v1/embeddings``: the tiny model has no hidden-state output, so every body is a
+    4xx with OpenAI's error body (the model's, or the field's that is wrong), never a 5xx."""
+    send(server, data.draw(CASES["POST", "/v1/embeddings", mode], label="case"), False)
 
 
 @pytest.mark.parametrize("mode", ["positive", "negative"])

@@ -41,6 +41,10 @@ def add_command(sub: argparse._SubParsersAction) -> None:
         "--max-context", type=int, help="positions the graph serves (GGUF; default: the file's, "
         "up to 32768)"
     )  # fmt: skip
+    p.add_argument(
+        "--embeddings", action="store_true", help="GGUF: also output the last hidden state "
+        "(gen.embed(), POST /v1/embeddings)"
+    )  # fmt: skip
     p.set_defaults(func=cmd_export, one_shot=False)  # files being written: a normal exit
 
 
@@ -53,10 +57,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         from ..gguf.default_model import build_default_model
 
         chosen = (args.graph, args.precision, args.block_size, args.accuracy_level)
-        if any(value is not None for value in chosen) or args.max_context:
+        if any(value is not None for value in chosen) or args.max_context or args.embeddings:
             raise OrtgenError(
                 "--default builds the default variant; --graph/--precision/--block-size/"
-                "--accuracy-level/--max-context apply to `ortgen export SOURCE OUT`"
+                "--accuracy-level/--max-context/--embeddings apply to `ortgen export SOURCE OUT`"
             )
         where = Path(args.models_dir) if args.models_dir else models_dir()
         build_default_model(where, progress=stderr_progress, force=args.force)
@@ -71,6 +75,12 @@ def cmd_export(args: argparse.Namespace) -> int:
         and (args.precision in (None, *BUILDER_PRECISIONS))
     ):
         return _build_gguf(args, source, out)
+    if args.embeddings:
+        raise OrtgenError(
+            "--embeddings is an option of ortgen's GGUF builder: pass a .gguf SOURCE, with "
+            "--graph fused and --precision exact or fp32 (the export extra's graphs cannot "
+            "output the hidden state yet)"
+        )
     return _export_with_extra(args)
 
 
@@ -85,6 +95,7 @@ def _build_gguf(args: argparse.Namespace, source: Path, out: Path) -> int:
         precision=args.precision or "exact",
         accuracy_level=4 if args.accuracy_level is None else args.accuracy_level,
         max_context=args.max_context,
+        embeddings=args.embeddings,
     )
     build_folder(source, out, options=options, sha256=file_sha256(source), progress=stderr_progress)
     stderr_progress(f"built {out}")

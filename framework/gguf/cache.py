@@ -184,6 +184,8 @@ def _suffix(options: BuildOptions) -> str:
         parts.append(f"a{options.accuracy_level}")
     if options.max_context:
         parts.append(f"ctx{options.max_context}")
+    if options.embeddings:
+        parts.append("emb")
     return "".join(f"-{p}" for p in parts)
 
 

@@ -12,7 +12,8 @@ Per layer::
     -> o projection [-> post-attention norm] -> norm adding it to the residual stream
     -> gate, up -> SiLU or GELU(tanh) -> multiply -> down [-> post-feed-forward norm]
 
-then the final norm, the last ``logits_to_keep`` positions, the LM head (cut into parts)
+then the final norm (with ``BuildOptions.embeddings``, also the ``hidden_states`` output),
+the last ``logits_to_keep`` positions, the LM head (cut into parts)
 and, for Gemma 2, the final soft-cap. The architectures' differences are the spec's fields;
 nothing here branches on a family's name.
 """
@@ -34,7 +35,11 @@ from .reader import GGUFError, GGUFFile
 from .rope import rope_caches
 from .spec import ModelSpec, RopeSpec
 
-__all__ = ["build_decoder"]
+__all__ = ["HIDDEN_OUTPUT", "build_decoder"]
+
+#: the extra output of a build with ``embeddings`` (onnxruntime-genai's builder names its
+#: ``include_hidden_states`` output so too)
+HIDDEN_OUTPUT = "hidden_states"
 
 #: An LM-head part's bytes (``projections``: a lower peak while onnxruntime packs it).
 HEAD_PART_BYTES = 8 * 2**20
@@ -131,6 +136,10 @@ class _Decoder:
             rope = local if spec.sliding_layers[i] and spec.rope_local else caches
             residual, block_out = self.layer(i, residual, block_out, seqlens, total, rope)
         normed = self.norm("output_norm.weight", residual, block_out, "/model/norm", last=True)[0]
+        if self.options.embeddings:  # every position's state, before logits_to_keep's slice
+            shape: list[int | str] = ["batch_size", "sequence_length", spec.hidden]
+            w.output(HIDDEN_OUTPUT, TensorProto.FLOAT, shape)
+            w.node("Identity", [normed], "/model/hidden_states", outputs=[HIDDEN_OUTPUT])
         starts = w.node("Neg", [keep], "/model/last_positions/Neg")[0]
         ends, axes = w.const([np.iinfo(np.int64).max]), w.const([1])
         normed = w.node("Slice", [normed, starts, ends, axes], "/model/last_positions/Slice")[0]

@@ -30,12 +30,15 @@ class BuildOptions:
     """How to build: ``exact`` keeps the file's own integers and scales (MatMulNBits);
     ``fp32`` dequantises every weight to float32 (a reference graph: ~4 bytes a weight).
     ``accuracy_level`` is MatMulNBits' (4: int8 activations, fast; 0: float32, exact).
-    ``max_context``: positions the graph serves (default: the file's, up to 32,768)."""
+    ``max_context``: positions the graph serves (default: the file's, up to 32,768).
+    ``embeddings``: the graph also outputs ``hidden_states`` (B, T, hidden), the last
+    layer's state after the final norm, before the LM head (``gen.embed()`` pools it)."""
 
     precision: Precision = "exact"
     accuracy_level: int = 4
     max_context: int | None = None
     verify: bool = False
+    embeddings: bool = False
 
     def context(self, spec: ModelSpec) -> int:
         if self.max_context:
@@ -44,8 +47,10 @@ class BuildOptions:
 
 
 def variant_of(options: BuildOptions) -> dict[str, Any]:
-    """The manifest's ``variant``: what decides the graph, besides the file."""
-    return {
+    """The manifest's ``variant``: what decides the graph, besides the file.
+    ``embeddings`` appears only when set, so folders built without it (the default model's
+    among them) match the variant they were built as."""
+    variant: dict[str, Any] = {
         "graph": "fused",
         "precision": "gguf-exact" if options.precision == "exact" else options.precision,
         "accuracy_level": options.accuracy_level,
@@ -53,3 +58,6 @@ def variant_of(options: BuildOptions) -> dict[str, Any]:
         "builder": "ortgen.gguf",
         "build_format": BUILD_FORMAT,
     }
+    if options.embeddings:
+        variant["embeddings"] = True
+    return variant

@@ -34,6 +34,7 @@ from ..model.session import max_context, read_model_config
 from ..request.outputs import StreamPiece
 from . import metrics as prometheus
 from .chat_page import chat_page_routes, is_page_path
+from .embeddings_route import create_embeddings
 from .engine import RowHandle
 from .errors import RequestError, no_route, shutting_down
 from .model_pool import ServedModel
@@ -54,6 +55,7 @@ ROUTES = (
     "/v1/completions",
     "/v1/chat/completions",
     "/v1/responses",
+    "/v1/embeddings",
     "/v1/models",
     "/health",
     "/metrics",
@@ -444,6 +446,7 @@ def build_app(state: ServerState) -> Starlette:
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/responses", create_response, methods=["POST"]),
+            Route("/v1/embeddings", create_embeddings, methods=["POST"]),
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
             Route("/health", health, methods=["GET"]),

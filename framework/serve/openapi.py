@@ -23,7 +23,15 @@ from ..request.openai_fields import CHAT_FIELDS, COMMON_FIELDS, COMPLETION_FIELD
 from ..request.openai_ignored import NO_EFFECT, UNSUPPORTED
 from ..version import __version__
 from .chat_page import PAGE_FILES
+from .embeddings_route import EMBEDDING_ANSWER, EMBEDDING_REQUEST
 from .responses_api import RESPONSES_FIELDS, accepted_fields
+from .tokenize import (
+    DETOKENIZE_ANSWER,
+    DETOKENIZE_REQUEST,
+    TOKENIZE_ANSWER,
+    TOKENIZE_REQUEST,
+    TOKENIZER_INFO,
+)
 
 __all__ = ["openapi_document"]
 
@@ -202,62 +210,6 @@ _HEALTH = {
     },
 }
 _MODEL_FIELD = COMMON_FIELDS["model"]  # the same field on every route
-_TOKENIZE_REQUEST = {
-    "type": "object",
-    "description": "either prompt (text) or messages (a conversation, through the chat "
-    "template as a chat request sees it)",
-    "properties": {
-        "model": _MODEL_FIELD,
-        "prompt": {"type": "string"},
-        "messages": {"type": "array", "items": {"type": "object"}, "minItems": 1},
-        "add_special_tokens": {"type": "boolean"},
-        "add_generation_prompt": {"type": "boolean"},
-        "continue_final_message": {"type": "boolean"},
-        "tools": {"type": "array", "items": {"type": "object"}},
-        "return_token_strs": {"type": "boolean"},
-    },
-    "additionalProperties": False,
-}
-_TOKENIZE_ANSWER = {
-    "type": "object",
-    "required": ["count", "max_model_len", "tokens"],
-    "properties": {
-        "count": {"type": "integer", "minimum": 0},
-        "max_model_len": {"type": ["integer", "null"]},
-        "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-        "token_strs": {"type": "array", "items": {"type": ["string", "null"]}},
-    },
-}
-_DETOKENIZE_REQUEST = {
-    "type": "object",
-    "required": ["tokens"],
-    "properties": {
-        "model": _MODEL_FIELD,
-        "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-    },
-    "additionalProperties": False,
-}
-_DETOKENIZE_ANSWER = {
-    "type": "object",
-    "required": ["prompt"],
-    "properties": {"prompt": {"type": "string"}},
-}
-_TOKENIZER_INFO = {
-    "type": "object",
-    "required": ["tokenizer_class"],
-    "description": "vLLM's shape: the folder's tokenizer_config.json less file paths, with "
-    "the special tokens, chat template and clean-up flag ortgen runs with",
-    "properties": {
-        "tokenizer_class": {"type": "string"},
-        "bos_token": {"type": "string"},
-        "eos_token": {"type": "string"},
-        "pad_token": {"type": "string"},
-        "unk_token": {"type": "string"},
-        "chat_template": {"type": "string"},
-        "model_max_length": {"type": ["integer", "null"]},
-        "clean_up_tokenization_spaces": {"type": "boolean"},
-    },
-}
 
 
 def _setting_schema(name: str) -> dict[str, Any]:
@@ -413,6 +365,11 @@ def openapi_document(
             "a response to input items (OpenAI's Responses API, stateless)",
             "server-sent typed events (response.created ... response.completed)",
         ),
+        "/v1/embeddings": _post(
+            "embeddings of texts (a model built with --embeddings)",
+            {"$ref": "#/components/schemas/EmbeddingRequest"},
+            {"$ref": "#/components/schemas/EmbeddingList"},
+        ),
         "/v1/models": {
             "get": {
                 "summary": "the models this server serves, loaded or not",
@@ -468,11 +425,11 @@ def openapi_document(
         },
         "/tokenize": _post(
             "token ids of a text or a conversation",
-            _naming(_TOKENIZE_REQUEST, models),
-            _TOKENIZE_ANSWER,
+            _naming(TOKENIZE_REQUEST, models),
+            TOKENIZE_ANSWER,
         ),
         "/detokenize": _post(
-            "the text of token ids", _naming(_DETOKENIZE_REQUEST, models), _DETOKENIZE_ANSWER
+            "the text of token ids", _naming(DETOKENIZE_REQUEST, models), DETOKENIZE_ANSWER
         ),
         "/tokenizer_info": {
             "get": {
@@ -481,7 +438,7 @@ def openapi_document(
                     {"name": "model", "in": "query", "required": False, "schema": _MODEL_FIELD}
                 ],
                 "responses": {
-                    "200": _json(_TOKENIZER_INFO, "the tokenizer's configuration"),
+                    "200": _json(TOKENIZER_INFO, "the tokenizer's configuration"),
                     **_errors(401, 404, 503),
                 },
             }
@@ -505,6 +462,8 @@ def openapi_document(
                 "ChatCompletion": _CHAT_COMPLETION,
                 "ResponseRequest": _naming(_responses_request(), models),
                 "Response": _RESPONSE,
+                "EmbeddingRequest": _naming(EMBEDDING_REQUEST, models),
+                "EmbeddingList": EMBEDDING_ANSWER,
                 "Model": _MODEL,
                 "ModelList": _MODEL_LIST,
                 "Error": _ERROR,

@@ -30,8 +30,18 @@ from ..errors import ModelLoadError, OrtgenError
 from ..text.resolved_tokenizer import RESOLVED_FILE
 from ..util.jsonfile import read_json_object
 from .errors import RequestError
+from .openai_fields import COMMON_FIELDS
 
-__all__ = ["detokenize_body", "tokenize_body", "tokenizer_info"]
+__all__ = [
+    "DETOKENIZE_ANSWER",
+    "DETOKENIZE_REQUEST",
+    "TOKENIZER_INFO",
+    "TOKENIZE_ANSWER",
+    "TOKENIZE_REQUEST",
+    "detokenize_body",
+    "tokenize_body",
+    "tokenizer_info",
+]
 
 #: tokenizer_config.json entries that name files of the folder (vLLM drops them too)
 _FILE_KEYS = ("vocab_file", "merges_file", "tokenizer_file", "name_or_path")
@@ -49,6 +59,64 @@ _TOKENIZE_FIELDS = frozenset(
     }
 )
 _DETOKENIZE_FIELDS = frozenset({"model", "tokens"})
+
+# the request and answer schemas of /openapi.json
+TOKENIZE_REQUEST = {
+    "type": "object",
+    "description": "either prompt (text) or messages (a conversation, through the chat "
+    "template as a chat request sees it)",
+    "properties": {
+        "model": COMMON_FIELDS["model"],
+        "prompt": {"type": "string"},
+        "messages": {"type": "array", "items": {"type": "object"}, "minItems": 1},
+        "add_special_tokens": {"type": "boolean"},
+        "add_generation_prompt": {"type": "boolean"},
+        "continue_final_message": {"type": "boolean"},
+        "tools": {"type": "array", "items": {"type": "object"}},
+        "return_token_strs": {"type": "boolean"},
+    },
+    "additionalProperties": False,
+}
+TOKENIZE_ANSWER = {
+    "type": "object",
+    "required": ["count", "max_model_len", "tokens"],
+    "properties": {
+        "count": {"type": "integer", "minimum": 0},
+        "max_model_len": {"type": ["integer", "null"]},
+        "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        "token_strs": {"type": "array", "items": {"type": ["string", "null"]}},
+    },
+}
+DETOKENIZE_REQUEST = {
+    "type": "object",
+    "required": ["tokens"],
+    "properties": {
+        "model": COMMON_FIELDS["model"],
+        "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+    },
+    "additionalProperties": False,
+}
+DETOKENIZE_ANSWER = {
+    "type": "object",
+    "required": ["prompt"],
+    "properties": {"prompt": {"type": "string"}},
+}
+TOKENIZER_INFO = {
+    "type": "object",
+    "required": ["tokenizer_class"],
+    "description": "vLLM's shape: the folder's tokenizer_config.json less file paths, with "
+    "the special tokens, chat template and clean-up flag ortgen runs with",
+    "properties": {
+        "tokenizer_class": {"type": "string"},
+        "bos_token": {"type": "string"},
+        "eos_token": {"type": "string"},
+        "pad_token": {"type": "string"},
+        "unk_token": {"type": "string"},
+        "chat_template": {"type": "string"},
+        "model_max_length": {"type": ["integer", "null"]},
+        "clean_up_tokenization_spaces": {"type": "boolean"},
+    },
+}
 
 
 def tokenize_body(gen: TextGenerator, body: Mapping[str, Any]) -> list[int]:
