@@ -27,8 +27,8 @@ from starlette.responses import JSONResponse, Response
 from ..api import TextGenerator
 from ..errors import InputError
 from ..loop.embedding import POOLINGS, check_embedder
+from ..request.openai_fields import COMMON_FIELDS
 from .errors import RequestError
-from .openai_fields import COMMON_FIELDS
 from .state import ServerState
 
 __all__ = ["EMBEDDING_ANSWER", "EMBEDDING_REQUEST", "create_embeddings", "embeddings_answer"]

@@ -27,10 +27,10 @@ from typing import Any
 
 from ..api import TextGenerator
 from ..errors import ModelLoadError, OrtgenError
+from ..request.openai_fields import COMMON_FIELDS
 from ..text.resolved_tokenizer import RESOLVED_FILE
 from ..util.jsonfile import read_json_object
 from .errors import RequestError
-from .openai_fields import COMMON_FIELDS
 
 __all__ = [
     "DETOKENIZE_ANSWER",
