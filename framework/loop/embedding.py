@@ -17,11 +17,14 @@ keys, which a causal real token never reaches anyway.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import InputError
+
+if TYPE_CHECKING:
+    from ..model.session import ExportedModel
 
 __all__ = ["HIDDEN_OUTPUT", "POOLINGS", "check_embedder", "embed_rows", "has_hidden_states"]
 
@@ -35,12 +38,9 @@ BUILD_HINT = (
 )
 
 
-def has_hidden_states(model: Any) -> bool:
+def has_hidden_states(model: ExportedModel) -> bool:
     """Whether ``model``'s graph outputs ``hidden_states``."""
-    session = getattr(model, "session", None)
-    if session is None:
-        return False
-    return any(o.name == HIDDEN_OUTPUT for o in session.get_outputs())
+    return any(o.name == HIDDEN_OUTPUT for o in model.session.get_outputs())
 
 
 def no_hidden_states(path: Any) -> str:
@@ -51,7 +51,7 @@ def no_hidden_states(path: Any) -> str:
     )
 
 
-def check_embedder(model: Any, path: Any, pooling: str, dimensions: int | None) -> None:
+def check_embedder(model: ExportedModel, path: Any, pooling: str, dimensions: int | None) -> None:
     """Refuse a model that cannot embed (naming how to build one) and bad options."""
     check_options(pooling, dimensions)
     if not has_hidden_states(model):
@@ -71,7 +71,9 @@ def check_options(pooling: str, dimensions: int | None) -> None:
         )
 
 
-def hidden_states(model: Any, rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+def hidden_states(
+    model: ExportedModel, rows: Sequence[Sequence[int]]
+) -> tuple[np.ndarray, np.ndarray]:
     """One forward over ``rows`` (right-padded): the (B, T, hidden) states and each row's
     length. Padding positions hold states nobody should read."""
     lengths = np.asarray([len(r) for r in rows], dtype=np.int64)
@@ -124,7 +126,7 @@ def pool(
 
 
 def embed_rows(
-    model: Any,
+    model: ExportedModel,
     rows: Sequence[Sequence[int]],
     *,
     pooling: str = "last",
@@ -133,7 +135,7 @@ def embed_rows(
 ) -> np.ndarray:
     """(len(rows), D) embeddings of token-id ``rows`` from one forward of ``model``
     (``dims``: keep the first that many components, before normalising)."""
-    check_embedder(model, getattr(model, "path", ""), pooling, dims)
+    check_embedder(model, model.path, pooling, dims)
     if not rows:
         raise InputError("no input given (an empty list)", field="input")
     states, lengths = hidden_states(model, rows)
