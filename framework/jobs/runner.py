@@ -28,6 +28,7 @@ from ..request.sessions import changed_settings
 from ..structured.response_format import parse_json_output
 from ..structured.settings import CONSTRAINT_FIELDS, constraint
 from .check import InputReport, scan_rows
+from .fingerprint import job_print, reconcile, stamp
 from .progress import JobSummary, Progress
 from .results import ResultLog, open_results
 from .rows import InputRow, RowChecker, chat_options, id_key, read_rows, replaces_constraint
@@ -42,6 +43,7 @@ __all__ = [
     "check_one_result_per_row",
     "check_sizes",
     "chunks",
+    "recheck",
     "run_job",
     "scan_unique",
     "write_records",
@@ -51,6 +53,7 @@ RAY_NEEDS_ITS_RUNNER = (
     "run_job runs rows in this process (the local engine); for the ray engine use "
     "ortgen.jobs.ray_engine.run_ray_job (or `ortgen run --engine ray`)"
 )
+ONE_RESULT_PER_ROW = "ortgen run writes one result per row; num_return_sequences must be 1"
 T = TypeVar("T")
 
 
@@ -74,13 +77,16 @@ def run_job(
     engine: str = "local",
     settings: Mapping[str, Any] | None = None,
     progress: TextIO | None = sys.stderr,
+    rerun_changed: bool = False,
 ) -> JobSummary:
     """Generate for every row of ``input_path`` not already in ``output_path``.
 
     ``settings`` are the job's call layer (a row's own settings win over them; the
     generator's pipeline is the layer below). ``progress``: where the live line (only on
     a terminal) and the summary go; None for silence. Raises before any row runs when
-    the job as a whole cannot work (bad settings, duplicate ids, unusable output).
+    the job as a whole cannot work (bad settings, duplicate ids, unusable output, rows
+    done under other settings: ``rerun_changed`` does those again, see
+    ``fingerprint.py``).
     """
     if engine != "local":
         raise ConfigError(RAY_NEEDS_ITS_RUNNER if engine == "ray" else f"unknown engine {engine!r}")
@@ -88,19 +94,35 @@ def run_job(
     settings = dict(settings or {})
     check_one_result_per_row(gen.resolve_config(settings).config.num_return_sequences)
     report = scan_unique(input_path)
+    pipeline = gen.pipeline.settings if gen.pipeline is not None else {}
+    fingerprint = job_print(gen.path, pipeline, settings)
     results = open_results(output_path)
-    done = results.open()
+    results.open()
     try:
+        reconcile(fingerprint, results, input_path, output_path, rerun_changed=rerun_changed)
+        done = results.done
         tracker = Progress(report.rows, len(report.ids & done), progress)
         job = RowRunner(gen, settings, batch_size)
         checker = RowChecker(job.check_settings)
-        for rows in chunks(read_rows(input_path, checker), window):
-            for records in job.run_window([row for row in rows if id_key(row.id) not in done]):
-                write_records(results, tracker, records)
+        # read as the ray driver reads them (each row's fingerprint from what it says),
+        # then checked with the job's settings, as a ray worker checks them
+        for rows in chunks(read_rows(input_path, RowChecker()), window):
+            todo = [row for row in rows if id_key(row.id) not in done]
+            prints = {id_key(row.id): fingerprint.row(row) for row in todo}
+            for records in job.run_window([recheck(row, checker) for row in todo]):
+                write_records(results, tracker, stamp(records, prints))
         results.finish()
     finally:
         results.close()
     return tracker.finish()
+
+
+def recheck(row: InputRow, checker: RowChecker) -> InputRow:
+    """A row read without settings checks, checked again by ``checker`` (its own settings
+    over the job's); a row already bad stays as it is."""
+    if row.error is not None or row.request is None:
+        return row
+    return checker(row.number, row.unit, {"id": row.id, **row.request})
 
 
 def check_sizes(batch_size: int, window: int) -> None:
@@ -113,7 +135,7 @@ def check_sizes(batch_size: int, window: int) -> None:
 def check_one_result_per_row(num_return_sequences: int) -> None:
     """A result line is one row's one answer: resume finds it by the row's id."""
     if num_return_sequences != 1:
-        raise ConfigError("ortgen run writes one result per row; num_return_sequences must be 1")
+        raise ConfigError(ONE_RESULT_PER_ROW)
 
 
 def scan_unique(input_path: str | Path) -> InputReport:
