@@ -77,4 +77,12 @@ class NoTokenLeft(ComponentError, InputError):
     """The request's own settings left no token to pick at a step (every id suppressed,
     or every id a constraint allows ruled out by another setting): a ComponentError to
     the loop, which fails only the rows it serves, and an InputError to the caller (the
-    server answers 400), since the request asked for the contradiction."""
+    server answers 400), since the request asked for the contradiction.
+
+    A component that raises it because every token it allows was already removed (a
+    grammar after a cut) sets ``row`` (the row of the scores it was given) and
+    ``allowed`` (the token ids it allows there): the loop then names the earlier
+    processors that removed them, at no cost to the steps that do not fail."""
+
+    row: int | None = None
+    allowed: Sequence[int] | None = None

@@ -213,20 +213,25 @@ class GrammarConstraint:
             pending.exception()  # its error, if any, belongs to the mask nobody will use
         self._held = None
 
-    @staticmethod
-    def _check_rows(scores: np.ndarray) -> None:
+    def _check_rows(self, scores: np.ndarray) -> None:
         """A row whose allowed tokens are all -inf would be sampled from nothing: name
         it. A NaN or +inf score is the sampler's to judge (it names a NaN row itself;
-        greedy takes +inf), not a token an earlier processor removed."""
+        greedy takes +inf), not a token an earlier processor removed. The error carries
+        the row and the tokens the grammar allows there, so the loop can name the
+        processor that removed them (this message is what is left without it)."""
         dead = ~((scores != -np.inf).any(axis=1))
         if dead.any():
             row = int(np.flatnonzero(dead)[0])
-            raise NoTokenLeft(
+            error = NoTokenLeft(
                 f"logits processor 'grammar': row {row}: every token the grammar allows here "
                 "was removed by an earlier processor (bad_words_ids, suppress_tokens or "
                 "min_new_tokens holding back the end of sequence, say), so nothing can be "
                 "sampled"
             )
+            if self._held is not None:
+                error.row = row
+                error.allowed = np.flatnonzero(self._held[1][0][row]).tolist()
+            raise error
 
     # -- following the text ----------------------------------------------------------
 

@@ -23,7 +23,7 @@ import pytest
 
 import ortgen
 from ortgen import Candidates
-from ortgen.errors import ComponentError, ConfigError, NoTokenLeft
+from ortgen.errors import ConfigError, NoTokenLeft
 from ortgen.plugins.grammar import GrammarConstraint
 from tests.grammar_reference import Reference, reference_tokenizer
 from tests.tiny_models import EOS_ID, VOCAB_SIZE, export_tiny
@@ -214,10 +214,60 @@ def test_bad_constraints_are_named_before_any_forward(gen, monkeypatch) -> None:
 
 def test_a_row_whose_grammar_allows_nothing_fails_with_its_reason(gen) -> None:
     """A processor before the grammar removed the only token it allows ("{" is a bad
-    word): the request fails naming it, with what was produced kept."""
+    word): the request fails naming that processor."""
     brace = gen.tokenizer.encode("{", add_special_tokens=False)
-    with pytest.raises(ComponentError, match="every token the grammar allows here was removed"):
+    with pytest.raises(NoTokenLeft) as caught:
         gen.generate("Hi", json_object=True, bad_words_ids=[brace], fast_forward=False)
+    assert str(caught.value) == (
+        "logits processor 'grammar': row 0: bad_words_ids (before the grammar) removed every "
+        "token the grammar allows here: loosen or drop bad_words_ids"
+    )
+    assert caught.value.allowed == brace
+
+
+def _not_first(gen, letters: str) -> list[str]:
+    """Letters the greedy first token after "Hi" is not (the weights are random)."""
+    first = gen.tokenizer.decode(gen.generate("Hi", max_new_tokens=1).tokens[0])
+    return [c for c in letters if c != first]
+
+
+def test_a_cut_before_the_grammar_is_named_with_what_to_do(gen) -> None:
+    """top_k given in logits_processors runs before the grammar and keeps one token the
+    grammar does not allow: the error names top_k (found only when the step fails) and
+    says where it belongs; as the top_k setting it runs after the grammar and generates.
+    Two processors that each removed some of the allowed tokens are both named."""
+    a, b = _not_first(gen, "abc")[:2]
+    cut = [{"name": "top_k", "top_k": 1}]
+    with pytest.raises(NoTokenLeft) as caught:
+        gen.generate("Hi", regex=f"{a}+", logits_processors=cut, fast_forward=False)
+    assert str(caught.value) == (
+        "logits processor 'grammar': row 0: top_k (before the grammar) removed every token "
+        "the grammar allows here: put top_k after the grammar (the top_k setting runs after "
+        "it; logits_processors run before it) or drop it"
+    )
+    out = gen.generate("Hi", regex=f"{a}+", top_k=1, do_sample=True, max_new_tokens=3)
+    assert re.fullmatch(f"{a}+", out.text)
+    suppressed = gen.tokenizer.encode(a, add_special_tokens=False)
+    with pytest.raises(NoTokenLeft) as caught:
+        gen.generate(
+            "Hi", regex=f"[{a}{b}]+", logits_processors=cut, suppress_tokens=suppressed,
+            fast_forward=False,
+        )  # fmt: skip
+    assert str(caught.value).startswith(
+        "logits processor 'grammar': row 0: suppress_tokens and top_k (before the grammar) "
+        "removed every token the grammar allows here: put top_k after the grammar"
+    )
+    assert str(caught.value).endswith("; loosen or drop suppress_tokens")
+
+
+def test_a_culprit_is_looked_for_only_when_a_step_fails(gen, monkeypatch) -> None:
+    """The normal step runs each processor once (nothing kept or run again for blame)."""
+    from ortgen.loop import scoring
+
+    calls = []
+    monkeypatch.setattr(scoring, "blame", lambda *a: calls.append(a) or a[0])
+    out = gen.generate("Hi", json_object=True, max_new_tokens=8, top_k=3, do_sample=True)
+    assert out.tokens and calls == []
 
 
 @pytest.mark.parametrize("choice", ["é", "aé", "\x1f"])

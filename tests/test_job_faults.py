@@ -381,9 +381,11 @@ def test_a_signal_mid_job_stops_it_cleanly_and_a_rerun_resumes(
 
 
 def test_result_lines_are_json_objects_with_the_row_id(tmp_path, tiny_llama_gen):
-    """The lock file never lands among the results, nor do results in the lock file."""
+    """The lock file never lands among the results, nor do results in the lock file; the
+    output's record of its settings stays beside it (fingerprint.py)."""
     source = write_jsonl(tmp_path / "rows.jsonl", ROWS[:2])
     out = tmp_path / "out.jsonl"
     run_job(tiny_llama_gen, source, out, progress=None, settings=GREEDY)
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == [0, 1]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl", "rows.jsonl"]
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["out.jsonl", "out.jsonl.run.json", "rows.jsonl"]

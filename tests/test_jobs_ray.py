@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +32,10 @@ from tests.test_jobs import CLI, GREEDY, ROWS, kill_then_rerun, read_results, wr
 
 pytestmark = pytest.mark.ray
 
-RAY = Path(sys.executable).with_name("ray")
+#: the ray CLI: its console script beside this Python, else its module (a venv that
+#: shares another's packages may have no script of its own)
+_RAY_SCRIPT = Path(sys.executable).with_name("ray")
+RAY = [str(_RAY_SCRIPT)] if _RAY_SCRIPT.exists() else [sys.executable, "-m", "ray.scripts.scripts"]
 _TOKEN = secrets.token_hex(32)
 #: the local engine's GREEDY settings, as flags
 GREEDY_FLAGS = ["--max-new-tokens", str(GREEDY["max_new_tokens"]), "--set", "eos_token_id=null"]
@@ -61,7 +65,7 @@ def ray_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     # pytest's temp path (longer under pytest-xdist: popen-gwN) plus Ray's session folder
     # does, so the cluster gets a short folder of its own, removed with it
     short = Path(tempfile.mkdtemp(prefix="ortgen-ray-"))
-    args = [str(RAY), "start", "--head", "--block", "--port", str(port)]
+    args = [*RAY, "start", "--head", "--block", "--port", str(port)]
     args += ["--node-ip-address", "127.0.0.1", "--num-cpus", "2", "--include-dashboard=false"]
     args += ["--temp-dir", str(short), "--disable-usage-stats"]
     env = _env()
@@ -160,3 +164,67 @@ def test_a_model_a_worker_cannot_load_is_one_clear_error(ray_address, tmp_path):
     missing = tmp_path / "no-model"
     assert f"ortgen: error: on a Ray worker: {missing}: no such model folder" in result.stderr
     assert out.read_text() == ""  # nothing written, so nothing to redo wrong
+
+
+def test_both_engines_keep_one_fingerprint_and_rerun_changed_works_on_ray(
+    ray_address, tiny_model_dirs, tiny_llama_gen, tmp_path
+):
+    """Lines the ray driver stamps carry the fingerprints the local engine gives (its bad
+    rows' too), so the engines take turns; a rerun on Ray under other settings stops in
+    one line, and ``--rerun-changed`` redoes every row as the local engine would."""
+    source = tmp_path / "rows.jsonl"
+    source.write_text("\n".join([*map(json.dumps, ROWS), *BAD_LINES]) + "\n")
+    pipeline = _pipeline(tmp_path, tiny_model_dirs["llama"][1], batch_size=2, window=3)
+    out = tmp_path / "out.jsonl"
+    args = _ray_args(pipeline, source, out, ray_address, *GREEDY_FLAGS)
+    first = subprocess.run(args, capture_output=True, text=True, timeout=300, env=_env())
+    assert first.returncode == 0, first.stderr
+    turn = run_job(tiny_llama_gen, source, out, settings=GREEDY, progress=None)
+    assert turn.skipped == len(ROWS) + len(BAD_LINES)  # the local engine agrees: all done
+    shorter = [*args, "--max-new-tokens", "3"]
+    stopped = subprocess.run(shorter, capture_output=True, text=True, timeout=300, env=_env())
+    assert stopped.returncode == 2 and stopped.stderr.count("\n") == 1, stopped.stderr
+    assert stopped.stderr.startswith("ortgen: error: max_new_tokens changed from 6 to 3 since")
+    redo = [*shorter, "--rerun-changed"]
+    again = subprocess.run(redo, capture_output=True, text=True, timeout=300, env=_env())
+    assert again.returncode == 0, again.stderr
+    assert f"{len(ROWS)} rows ok, {len(BAD_LINES)} errors, 0 skipped" in again.stderr
+    local = tmp_path / "local.jsonl"
+    run_job(tiny_llama_gen, source, local, settings={**GREEDY, "max_new_tokens": 3}, progress=None)
+    assert read_results(out) == read_results(local)  # fingerprints included
+
+
+def test_a_ray_instance_the_job_starts_listens_on_the_loopback_address_only(tmp_path):
+    """Without --address the job starts Ray for this machine: its node's address is
+    127.0.0.1 (Ray would take the interface address) and every process of it listens
+    there and nowhere else."""
+    script = tmp_path / "start.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import json, psutil
+            from ortgen.jobs.ray_engine import _connect, require_ray
+
+            ray = require_ray()
+            assert _connect(ray, None, 1, 1)
+            nodes = [node["NodeManagerAddress"] for node in ray.nodes()]
+            listening = set()
+            me = psutil.Process()
+            for process in [me, *me.children(recursive=True)]:
+                try:
+                    sockets = process.net_connections(kind="inet")
+                except psutil.Error:
+                    continue
+                listening |= {s.laddr.ip for s in sockets if s.status == psutil.CONN_LISTEN}
+            ray.shutdown()
+            print(json.dumps({"nodes": nodes, "listening": sorted(listening)}))
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=_env()
+    )
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert found["nodes"] == ["127.0.0.1"]
+    assert found["listening"] and set(found["listening"]) <= {"127.0.0.1", "::ffff:127.0.0.1"}

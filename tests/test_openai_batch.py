@@ -412,3 +412,62 @@ def test_ray_gives_the_local_engines_lines(gen, tiny_text_model, ray_address, tm
     again = subprocess.run(args, capture_output=True, text=True, timeout=300, env=_env())
     assert again.returncode == 0, again.stderr
     assert "0 rows ok, 0 errors, 12 skipped" in again.stderr
+
+
+# ---------------------------------------------------------------------- fingerprints
+
+
+def test_a_rerun_under_other_settings_is_refused_and_rerun_changed_redoes_it(
+    tiny_text_model, tmp_path, capsys
+):
+    """Fingerprints on an OpenAI batch output: the lines stay OpenAI's shape (the strict
+    model of ``read_output``), each row's fingerprint is kept beside them
+    (``OUT.prints.jsonl``) and the job's in ``OUT.run.json``. Another flag is refused
+    naming it, before any line is written; ``--rerun-changed`` redoes those lines; a line
+    whose own body changed is named by its custom_id, and only it is redone."""
+    from ortgen.jobs.fingerprint import prints_path, record_path
+
+    lines = [chat("a", "Hi!", temperature=0), chat("b", "Hello?", temperature=0)]
+    source = write(tmp_path / "batch.jsonl", lines)
+    out = tmp_path / "out.jsonl"
+    code, _, err = cli_run(capsys, tmp_path, tiny_text_model, source, "--max-new-tokens", "4")
+    assert code == 0, err
+    first = out.read_bytes()
+    assert sorted(read_output(out)) == ["a", "b"]
+    assert b"fingerprint" not in first  # kept beside the lines, not in them
+    kept = [json.loads(x) for x in prints_path(out).read_text().splitlines()]
+    assert sorted(x["custom_id"] for x in kept) == ["a", "b"]
+    assert record_path(out).is_file()
+
+    code, _, err = cli_run(capsys, tmp_path, tiny_text_model, source, "--max-new-tokens", "2")
+    assert code == 2
+    assert "max_new_tokens changed from 4 to 2 since this output was written" in err
+    assert "--rerun-changed to redo the 2 rows" in err
+    assert out.read_bytes() == first  # nothing run or written
+
+    args = ("--max-new-tokens", "2", "--rerun-changed")
+    code, _, err = cli_run(capsys, tmp_path, tiny_text_model, source, *args)
+    assert code == 0, err
+    assert "2 rows ok, 0 errors" in err
+    redone = read_output(out)
+    assert sorted(redone) == ["a", "b"]
+    for custom_id in ("a", "b"):
+        usage = chat_body(redone[custom_id]).usage
+        assert usage is not None and usage.completion_tokens <= 2
+    second = out.read_bytes()
+
+    lines[1] = chat("b", "Hello?", temperature=0, max_tokens=1)  # one line's own settings
+    write(source, lines)
+    code, _, err = cli_run(capsys, tmp_path, tiny_text_model, source, "--max-new-tokens", "2")
+    assert code == 2 and "the row's own settings changed" in err and "'b'" in err
+    code, _, err = cli_run(capsys, tmp_path, tiny_text_model, source, *args)
+    assert code == 0, err
+    assert "1 rows ok, 0 errors, 1 skipped (already done)" in err
+    final = read_output(out)
+    assert final["a"].model_dump() == redone["a"].model_dump()  # kept as it was
+    [kept_a] = [x for x in second.splitlines() if b'"custom_id": "a"' in x]
+    assert kept_a in out.read_bytes().splitlines()
+    usage = chat_body(final["b"]).usage
+    assert usage is not None and usage.completion_tokens == 1
+    code, _, err = cli_run(capsys, tmp_path, tiny_text_model, source, *args)
+    assert code == 0 and "0 rows ok, 0 errors, 2 skipped (already done)" in err

@@ -218,3 +218,79 @@ def test_a_pipeline_names_an_in_process_plugins_component_with_one_plugin_manage
     out = gen.generate([1, 2, 3], eos_token_id=None)
     assert len(out.tokens[0]) == 3
     assert gen.resolve_config({}).config.logits_processors[0]["name"] == "halve_logits"
+
+
+EVERYWHERE = """
+[generation]
+tempreature = 1
+top_p = 2.0
+regex = "[a-"
+
+[[logits_processors]]
+name = "top_p"
+top_p = 0.9
+k = 1
+
+[run]
+engine = "spark"
+
+[output]
+json_shema = "x.json"
+"""
+
+
+def test_a_generation_typo_hides_no_other_problem(tmp_path):
+    """A [generation] typo used to stop the check there: the values, the constraint and
+    the components went unchecked. Now each part is checked whatever the others hold,
+    every problem in one error, in the file's order, each with its field."""
+    path = write(tmp_path, EVERYWHERE)
+    with pytest.raises(ortgen.ConfigError) as caught:
+        load_pipeline(path)
+    lines = str(caught.value).splitlines()
+    assert lines[0] == f"invalid pipeline {path}:"
+    assert lines[1] == "  - [generation] tempreature: unknown setting (did you mean 'temperature'?)"
+    assert lines[2] == "  - [generation] top_p must be in [0, 1], got 2.0"
+    assert lines[3].startswith("  - [generation] regex: llguidance cannot compile")
+    fields = [field for field, _ in caught.value.problems]
+    assert fields == [
+        "generation.tempreature", "generation.top_p", "generation.regex",
+        "logits_processors[0]", "run.engine", "output.json_shema",
+    ]  # fmt: skip
+
+
+def test_ortgen_run_reports_the_file_and_its_command_line_in_one_error(tmp_path, capsys):
+    """The pipeline's problems and the command line's (flags, the job's settings over the
+    pipeline, a missing input), in one error, before any model loads."""
+    from ortgen.cli import build_parser, main
+    from ortgen.cli.run import _checked_job
+
+    path = write(tmp_path, EVERYWHERE)
+    missing = tmp_path / "nope.jsonl"
+    argv = ["run", str(path), "--input", str(missing), "--output", str(tmp_path / "o.jsonl")]
+    argv += ["--batch-size", "0", "--workers", "2", "--set", "top_k=-3"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"ortgen: error: invalid pipeline {path} and command line:"
+    assert err[-4:] == [
+        "  - command line: top_k must be >= 0 (0 disables it), got -3",
+        "  - --batch-size must be at least 1, got 0",
+        "  - --address and --workers are for the ray engine (--engine ray)",
+        f"  - input file {missing} does not exist",
+    ]
+    with pytest.raises(ortgen.ConfigError) as caught:
+        _checked_job(build_parser().parse_args(argv))
+    fields = [field for field, _ in caught.value.problems]
+    assert fields[:6] == [
+        "generation.tempreature", "generation.top_p", "generation.regex",
+        "logits_processors[0]", "run.engine", "output.json_shema",
+    ]  # fmt: skip
+    assert fields[6:] == ["top_k", "--batch-size", "--engine", "--input"]
+    good = write(tmp_path, "[generation]\nmax_new_tokens = 4\n", "good.toml")
+    argv = ["run", str(good), "--input", str(missing), "--dry-run", "--set", "top_p=3"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "ortgen: error: invalid command line:",
+        "  - command line: top_p must be in [0, 1], got 3.0",
+        f"  - input file {missing} does not exist",
+    ]

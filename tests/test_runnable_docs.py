@@ -271,3 +271,61 @@ def test_tutorial_components_do_what_the_comments_say(tutorial_plugin, default_m
     assert stopped.tokens[0] == reference.tokens[0][: reference.tokens[0].index(stop) + 1]
     with pytest.raises(ortgen.ConfigError, match="ban_tokens: `token_ids`"):
         gen.generate(prompt, logits_processors=[{"name": "ban_tokens", "token_ids": [10**9]}])
+
+
+# --------------------------------------------------------------------------- pipelines
+
+PIPELINES = "docs/pipelines.md"
+
+
+@pytest.mark.default_model
+def test_the_sample_pipeline_file_generates(default_model_dir, tmp_path, capsys):
+    """docs/pipelines.md's pipeline file as written (its model line pointed at the default
+    model's folder), beside the schema file it names (the page's own person schema): `ortgen
+    run` answers every row with the JSON it asks for. With its `top_k` given in
+    `[[logits_processors]]` it ran before the constraint and every row failed."""
+    import json
+    import tomllib
+
+    from ortgen.cli import main
+
+    page = blocks(PIPELINES)
+    [sample] = [b for b in page if b.section == "A pipeline file" and b.lang == "toml"]
+    model = f'model = "{default_model_dir}"'
+    text = re.sub(r'^model = "[^"]*"', model, sample.code, count=1, flags=re.M)
+    assert text != sample.code and 'json_schema = "person.json"' in text
+    [table] = [b for b in page if b.lang == "toml" and "[output.json_schema]" in b.code]
+    schema = tomllib.loads(table.code)["output"]["json_schema"]
+    (tmp_path / "my.toml").write_text(text, encoding="utf-8")
+    (tmp_path / "person.json").write_text(json.dumps(schema), encoding="utf-8")
+    rows = [
+        {"id": "q1", "prompt": "Maria is 34 and lives in Lisbon.", "seed": 1},
+        {"id": "q2", "messages": [{"role": "user", "content": "Joe is 5."}], "seed": 2},
+        {"id": "q3", "prompt": "The capital of France is", "seed": 3},
+    ]
+    source = tmp_path / "rows.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    out = tmp_path / "results.jsonl"
+    args = ["run", str(tmp_path / "my.toml"), "--input", str(source), "--output", str(out)]
+    assert main([*args, "--dry-run"]) == 0
+    assert "warning" not in capsys.readouterr().out
+    assert main([*args, "--threads", "2"]) == 0, capsys.readouterr().err
+    assert "3 rows ok, 0 errors" in capsys.readouterr().err
+    for line in map(json.loads, out.read_text(encoding="utf-8").splitlines()):
+        person = line["parsed"]
+        assert set(person) == {"name", "age"} and isinstance(person["age"], int), line
+
+
+def test_the_documented_errors_are_what_the_pipeline_gives(tmp_path, monkeypatch):
+    """The page's file with several problems reports every one of them, in one error, as
+    the page shows it (a [generation] typo hides none of the others)."""
+    section = [b for b in blocks(PIPELINES) if b.section == "Errors"]
+    [toml] = [b for b in section if b.lang == "toml"]
+    [shown] = [b for b in section if b.code.startswith("ortgen: error: invalid pipeline")]
+    monkeypatch.chdir(tmp_path)
+    Path("my.toml").write_text(toml.code, encoding="utf-8")
+    with pytest.raises(ortgen.ConfigError) as caught:
+        ortgen.load(pipeline="my.toml")
+    assert f"ortgen: error: {caught.value}\n" == shown.code
+    fields = [field for field, _ in caught.value.problems]
+    assert fields == ["generation.tempreature", "logits_processors[1]", "run.engine"]

@@ -107,7 +107,9 @@ def test_output_table_gives_each_row_its_parsed_json(
         assert got["parsed"] == json.loads(got["text"]) == expected.parsed[i], row["id"]
         assert got["text"] == expected.text[i] and got["finish_reason"] == "eos"
     prompt_tokens = len(gen.prompts.encode_row({"prompt": ROWS[3]["prompt"]}, 0)[0])
-    assert results["cut"] == {
+    cut = dict(results["cut"])
+    assert cut.pop("fingerprint")  # an error line says what it was done under, too
+    assert cut == {
         "id": "cut",
         "error": "line 4: the output is not whole JSON: it stopped at max_new_tokens before "
         "the JSON was complete",
@@ -158,6 +160,51 @@ def test_rows_may_ask_for_another_schema_or_none(tiny_text_model, person_pipelin
     assert "parsed" not in results["both"] and re.fullmatch("[a-z]+", results["both"]["text"])
     alone = gen.generate("Sky", json_schema=COLOUR, max_new_tokens=60)
     assert results["own"]["text"] == alone.text
+
+
+def test_a_call_schema_and_a_row_regex_give_what_generate_gives(
+    tiny_text_model, gen, tmp_path, capsys
+):
+    """One constraint rule (``ortgen.request.row_settings``) for the library and jobs: the
+    job's json_schema (the call layer: a flag) and a row's own regex are not "set
+    together": the row's replaces the job's, in ``generate()``, in ``ortgen run`` and in
+    its dry run alike."""
+    schema = write(tmp_path / "colour.json", json.dumps(COLOUR))
+    rows = [
+        {"id": "word", "prompt": "Hi", "regex": "[a-z]+", "max_new_tokens": 8},
+        {"id": "json", "prompt": "Sky"},
+    ]
+    source = write_jsonl(tmp_path / "rows.jsonl", rows)
+    pipeline = write(tmp_path / "p.toml", "[generation]\nmax_new_tokens = 60\n")
+    out = tmp_path / "out.jsonl"
+    args = ["run", str(pipeline), "--input", str(source), "-m", str(tiny_text_model)]
+    args += ["--json-schema", str(schema)]
+    assert main([*args, "--dry-run"]) == 0, capsys.readouterr()
+    assert main([*args, "--output", str(out), "--threads", "1"]) == 0, capsys.readouterr().err
+    results = read_results(out)
+    requests = [{k: v for k, v in row.items() if k != "id"} for row in rows]
+    expected = gen.generate(requests, json_schema=COLOUR, max_new_tokens=60)
+    assert [results["word"]["text"], results["json"]["text"]] == expected.text
+    assert re.fullmatch("[a-z]+", results["word"]["text"]) and "parsed" not in results["word"]
+    assert results["json"]["parsed"] == expected.parsed[1]
+    jsonschema.validate(results["json"]["parsed"], COLOUR)
+
+
+def test_dry_run_warns_of_a_cut_before_the_constraint(person_pipeline, tmp_path, capsys):
+    """A top_k given in logits_processors runs before [output]'s constraint (and may cut
+    away every token it allows): a warning, not a bad job; as a setting it runs after."""
+    source = write_jsonl(tmp_path / "rows.jsonl", ROWS[:2])
+    args = ["run", str(person_pipeline), "--input", str(source), "--dry-run"]
+    cut = ["--set", 'logits_processors=[{"name": "top_k", "top_k": 40}]']
+    assert main([*args, *cut]) == 0
+    report = capsys.readouterr().out.splitlines()
+    assert report[1] == (
+        "  warning: logits_processors[0] (top_k) runs before the json_schema constraint and "
+        "may remove every token it allows (such a row fails at that step): give top_k as a "
+        "setting, which runs after the constraint, or drop it"
+    )
+    assert main([*args, "--top-k", "40", "--do-sample"]) == 0
+    assert "warning" not in capsys.readouterr().out
 
 
 def test_inline_schema_and_json_object(tiny_text_model, tmp_path):
@@ -216,7 +263,7 @@ def test_a_job_without_json_has_no_parsed(gen, tmp_path):
     source = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": "Hi"}])
     run_job(gen, source, tmp_path / "out.jsonl", settings={"max_new_tokens": 4}, progress=None)
     (line,) = read_results(tmp_path / "out.jsonl").values()
-    assert set(line) == {"id", "text", "tokens", "finish_reason", "usage"}
+    assert set(line) == {"id", "text", "tokens", "finish_reason", "usage", "fingerprint"}
 
 
 # ------------------------------------------------------------------- [output] at load

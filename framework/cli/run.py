@@ -8,12 +8,15 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config.pipeline import ENGINES
-from ..errors import OrtgenError
+from ..errors import ConfigError, OrtgenError, Problem
 from .args import add_generation_flags, add_model_flags, plugins_of, settings_of
 from .structured import add_structured_flags
+
+if TYPE_CHECKING:
+    from ..config.pipeline import Pipeline
 
 #: ``--input-format`` (``ortgen.jobs.formats.INPUT_FORMATS``, which the tests compare:
 #: the jobs package is imported only when a job runs)
@@ -40,6 +43,12 @@ def add_command(sub: argparse._SubParsersAction) -> None:
         help="ortgen rows or OpenAI batch lines (default auto: by the first line)",
     )
     p.add_argument("--dry-run", action="store_true", help="check pipeline and rows; no model")
+    p.add_argument(
+        "--rerun-changed",
+        action="store_true",
+        help="redo the rows of the output done under other settings (model, pipeline, "
+        "flags or the row's own); without it such a rerun stops",
+    )
     add_model_flags(p, pipeline=False)
     add_generation_flags(p)
     add_structured_flags(p)
@@ -49,30 +58,11 @@ def add_command(sub: argparse._SubParsersAction) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     """A batch job over an input file; the flags win over the pipeline's [run] options.
     Everything that can be checked without the model is checked before it loads."""
-    from ..config.pipeline import load_pipeline
-    from ..jobs import job_format, run_job
-    from ..plugin_host.manager import build_registry, make_plugin_manager
+    from ..jobs import run_job
 
-    plugins = plugins_of(args)
-
-    def registry_for(disable: tuple[str, ...]) -> Any:  # the file may name their components
-        return build_registry(make_plugin_manager(disable=disable, extra=plugins))
-
-    pipeline = load_pipeline(args.pipeline, registry=registry_for)
-    settings = settings_of(args)
+    pipeline, settings, plugins = _checked_job(args)
     batch_size = pipeline.run.batch_size if args.batch_size is None else args.batch_size
-    if batch_size < 1:
-        raise OrtgenError(f"--batch-size must be at least 1, got {batch_size}")
     engine = args.engine or pipeline.run.engine
-    if engine == "ray" and plugins:
-        raise OrtgenError(
-            "--plugin is for the local engine: Ray workers import plugins through their "
-            "entry points, so install the plugin package where the workers run"
-        )
-    if engine != "ray" and (args.address is not None or args.workers is not None):
-        raise OrtgenError("--address and --workers are for the ray engine (--engine ray)")
-    if args.workers is not None and args.workers < 1:
-        raise OrtgenError(f"--workers must be at least 1, got {args.workers}")
     address = args.address if args.address is not None else pipeline.run.address
     workers = args.workers if args.workers is not None else pipeline.run.workers
     if args.dry_run:
@@ -88,12 +78,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         print("\n".join(lines))
         return 0 if good else 2
-    if not args.output:
-        raise OrtgenError("ortgen run needs --output FILE (only --dry-run runs without one)")
-    if not Path(args.input).is_file():  # before the model loads, not after
-        raise OrtgenError(f"input file {args.input} does not exist")
-    # an output the input's format cannot write (OpenAI lines as Parquet) too
-    job_format(args.input, args.input_format).results(args.output)
     job: Callable[..., Any]
     if engine == "ray":  # the model loads on each worker, not here
         from ..jobs.ray_engine import run_ray_job
@@ -128,6 +112,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             settings=settings,
             progress=sys.stderr,
             input_format=args.input_format,
+            rerun_changed=args.rerun_changed,
         )
     except (KeyboardInterrupt, _Terminated) as stop:
         name = "SIGTERM" if isinstance(stop, _Terminated) else "SIGINT"
@@ -140,6 +125,86 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def _checked_job(args: argparse.Namespace) -> tuple[Pipeline, dict[str, Any], list[Any]]:
+    """The pipeline, the job's settings and its ``--plugin`` modules, with every problem of
+    the file and of the command line found in one pass and raised in one ConfigError
+    (``problems``: (field, message), the field a place in the file or a flag). A
+    ``--plugin`` that cannot be imported is an error of its own, before the rest."""
+    from .. import config as config_mod
+    from ..config.pipeline import check_pipeline, pipeline_error
+    from ..jobs.runner import ONE_RESULT_PER_ROW
+    from ..plugin_host.manager import build_registry, make_plugin_manager
+
+    # first and alone, as every command does: without the plugin the file's components
+    # would be checked against a registry that lacks its components
+    plugins = plugins_of(args)
+    flags: list[Problem] = []
+
+    def registry_for(disable: tuple[str, ...]) -> Any:  # the file may name their components
+        return build_registry(make_plugin_manager(disable=disable, extra=plugins))
+
+    pipeline, problems = check_pipeline(args.pipeline, registry=registry_for)
+    settings: dict[str, Any] = {}
+    try:
+        settings = settings_of(args)
+    except OrtgenError as exc:
+        flags.append((None, str(exc)))
+    layers = [] if problems else [("pipeline", pipeline.settings)]
+    try:  # the job's settings over the pipeline's, as every row's request resolves them
+        config = config_mod.resolve([*layers, ("call", settings)]).config
+    except ConfigError as exc:
+        flags.extend((field, f"command line: {message}") for field, message in exc.problems)
+    else:
+        if config.num_return_sequences != 1:
+            flags.append(("num_return_sequences", ONE_RESULT_PER_ROW))
+    if args.batch_size is not None and args.batch_size < 1:
+        flags.append(("--batch-size", f"--batch-size must be at least 1, got {args.batch_size}"))
+    engine = args.engine or pipeline.run.engine
+    if engine == "ray" and getattr(args, "plugin", None):
+        flags.append(("--plugin", PLUGINS_ON_RAY))
+    if engine != "ray" and (args.address is not None or args.workers is not None):
+        flags.append(("--engine", "--address and --workers are for the ray engine (--engine ray)"))
+    if args.workers is not None and args.workers < 1:
+        flags.append(("--workers", f"--workers must be at least 1, got {args.workers}"))
+    if not args.dry_run and not args.output:
+        flags.append(
+            ("--output", "ortgen run needs --output FILE (only --dry-run runs without one)")
+        )
+    if not _is_file(args.input):  # before the model loads, not after
+        flags.append(("--input", f"input file {args.input} does not exist"))
+    else:
+        flags.extend(_format_problems(args))
+    if problems or flags:
+        raise pipeline_error(args.pipeline, problems, flags)
+    return pipeline, settings, plugins
+
+
+def _format_problems(args: argparse.Namespace) -> list[Problem]:
+    """The input's format, and an output it cannot write (OpenAI lines as Parquet)."""
+    from ..jobs.formats import job_format
+
+    try:
+        fmt = job_format(args.input, args.input_format)
+        if not args.dry_run and args.output:
+            fmt.results(args.output)
+    except ConfigError as exc:
+        return [("--input-format", str(exc))]
+    return []
+
+
+def _is_file(path: str) -> bool:
+    try:
+        return Path(path).is_file()
+    except OSError:  # a name the system refuses (too long, say)
+        return False
+
+
+PLUGINS_ON_RAY = (
+    "--plugin is for the local engine: Ray workers import plugins through their entry "
+    "points, so install the plugin package where the workers run"
+)
 
 
 class _Terminated(BaseException):

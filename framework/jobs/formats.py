@@ -43,6 +43,18 @@ class JobFormat:
         """Every row of ``path``, checked (``check_settings``: a row's own settings)."""
         return read_rows(path, RowChecker(check_settings))
 
+    def checker(self, check_settings: SettingsCheck | None = None) -> RowChecker:
+        """What checks a row of this format with the job's settings (``recheck``)."""
+        return RowChecker(check_settings)
+
+    def recheck(self, row: InputRow, checker: RowChecker) -> InputRow:
+        """A row read without settings checks (so its fingerprint is what it says),
+        checked again by ``checker`` (its own settings over the job's); a row already bad
+        stays as it is."""
+        if row.error is not None or row.request is None:
+            return row
+        return checker(row.number, row.unit, {"id": row.id, **row.request})
+
     def scan(self, path: str | Path, check_settings: SettingsCheck | None = None) -> InputReport:
         """The input's report (rows, bad rows, ids): what a dry run lists."""
         return scan_rows(self.rows(path, check_settings), self.id_name)

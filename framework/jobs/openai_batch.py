@@ -18,11 +18,17 @@ body the server would give (``{"error": {"message", "type", "param", "code"}}``,
 status) and ``"error": {"code", "message"}``: an unknown url with 404, a bad field with
 400 naming it. ``/v1/embeddings``, ``/v1/responses`` and ``/v1/moderations`` lines are
 such error lines: ortgen has no embeddings, Responses API or moderation model.
+
+Fingerprints (``fingerprint.py``) apply as to any output, but an output line gets no
+``"fingerprint"`` key (its shape is OpenAI's): :class:`BatchOutput` keeps each row's in
+``OUT.prints.jsonl`` beside the output, and the job's is in ``OUT.run.json``.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -30,7 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, InputError, OrtgenError
+from ..errors import ConfigError, InputError, OrtgenError, OutputError
 from ..request.openai_answer import (
     assistant_message,
     completion_choice,
@@ -46,9 +52,10 @@ from ..request.openai_body import (
     prediction_text,
 )
 from ..request.openai_errors import RequestError, no_route, request_error
+from .fingerprint import prints_path
 from .formats import JobFormat
-from .results import ResultLog
-from .rows import InputRow, RowChecker, SettingsCheck, is_parquet, read_rows
+from .results import FINGERPRINT, ResultLog
+from .rows import InputRow, RowChecker, SettingsCheck, id_key, is_parquet, read_rows
 
 __all__ = ["CHAT_URL", "COMPLETIONS_URL", "BatchOutput", "OpenAIBatch", "line_request"]
 
@@ -84,6 +91,17 @@ class OpenAIBatch(JobFormat):
         for row in read_rows(path, LineChecker(check_settings)):
             # a line no custom_id names (not JSON, none in it): its answer could not be told
             yield row if row.meta is not None else replace(row, id=None)
+
+    def checker(self, check_settings: SettingsCheck | None = None) -> RowChecker:
+        return LineChecker(check_settings)
+
+    def recheck(self, row: InputRow, checker: RowChecker) -> InputRow:
+        """A line's row checked again as its line's row (``LineChecker.row``: an error
+        named by the body's field); a line that cannot run stays as it is."""
+        if row.error is not None or row.request is None or row.meta is None:
+            return row
+        assert isinstance(checker, LineChecker)
+        return checker.row(row.number, row.unit, str(row.id), row.request, row.meta)
 
     def results(self, path: str | Path) -> ResultLog:
         if is_parquet(path):
@@ -223,8 +241,10 @@ class BatchOutput(ResultLog):
     def __init__(self, path: Path, model: str) -> None:
         super().__init__(path)
         self.model = model
+        #: each row's fingerprint, kept beside the output (``fingerprint.prints_path``)
+        self.prints_file = prints_path(path)
 
-    def _result_id(self, raw: bytes, number: int) -> Any:
+    def _result(self, raw: bytes, number: int) -> dict[str, Any]:
         try:
             line = json.loads(raw)
         except ValueError:
@@ -234,10 +254,62 @@ class BatchOutput(ResultLog):
                 f"{self.path} line {number} is not an OpenAI batch output line (it has no "
                 "custom_id), so the job cannot resume from this file; give another output path"
             )
-        return line["custom_id"]
+        return {"id": line["custom_id"]}  # its fingerprint is in the prints file
+
+    def _repair_and_index(self) -> None:
+        """The done lines (by custom_id), then the fingerprint of each from the prints
+        file beside the output (``fingerprint.prints_path``): OpenAI's output line has no
+        key for it. The prints file is written before the lines it names, so a line
+        without one (a kill between the two writes, an output of an older ortgen) is a
+        row whose settings are not known, as an ortgen line without a fingerprint; a
+        print whose line is not there (its row not done) is dropped, the last one of a
+        custom_id wins (a row done again)."""
+        super()._repair_and_index()
+        found: dict[str, str] = {}
+        try:
+            with self.prints_file.open("rb") as lines:
+                for raw in lines:
+                    entry = _print_entry(raw)
+                    if entry is not None and id_key(entry[0]) in self.done:
+                        found[id_key(entry[0])] = sys.intern(entry[1])
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise OutputError(f"cannot read {self.prints_file}: {exc.strerror or exc}") from exc
+        self.prints.update(found)
 
     def append(self, records: Iterable[dict[str, Any]]) -> None:
-        super().append([output_line(record, self.model) for record in records])
+        batch = list(records)
+        entries = [
+            {"custom_id": r["id"], FINGERPRINT: r[FINGERPRINT]} for r in batch if FINGERPRINT in r
+        ]
+        if entries:  # first: a line is never written without its fingerprint known
+            data = "".join(json.dumps(e) + "\n" for e in entries).encode()
+            try:
+                with self.prints_file.open("ab") as out:
+                    out.write(data)
+                    out.flush()
+                    os.fsync(out.fileno())
+            except OSError as exc:
+                raise OutputError(
+                    f"cannot write {self.prints_file}: {exc.strerror or exc}; run the same "
+                    "command again to continue once the cause is fixed"
+                ) from exc
+        super().append([output_line(record, self.model) for record in batch])
+
+
+def _print_entry(raw: bytes) -> tuple[str, str] | None:
+    """A line of the prints file, or None for one torn by a kill."""
+    try:
+        entry = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(entry, dict):
+        return None
+    custom_id, stamp = entry.get("custom_id"), entry.get(FINGERPRINT)
+    if isinstance(custom_id, str) and isinstance(stamp, str):
+        return custom_id, stamp
+    return None
 
 
 def output_line(record: dict[str, Any], model: str) -> dict[str, Any]:

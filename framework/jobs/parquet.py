@@ -8,7 +8,8 @@ one row and a string in the next, an empty object Parquet cannot store as a stru
 where a string column holds any of them. A chat job's rows may add
 ``reasoning_content`` (text) and ``tool_calls`` (a list of OpenAI's call structs, the
 arguments as the JSON text the model wrote); like ``parsed``, each column is there only
-when some row has it, so a job without them keeps its schema.
+when some row has it, so a job without them keeps its schema. ``fingerprint`` (text) is
+what each row was done under (``fingerprint.py``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ __all__ = [
 
 _BATCH_ROWS = 1024  # rows decoded at a time: a large file streams
 #: the columns only some jobs' rows have: a null cell is a row without the key
-_OPTIONAL = ("reasoning_content", "tool_calls")
+_OPTIONAL = ("reasoning_content", "tool_calls", "fingerprint")
 
 
 def require_pyarrow() -> tuple[Any, Any]:
@@ -70,6 +71,8 @@ def read_parquet_results(path: Path) -> list[dict[str, Any]]:
             error = {"id": row["id"], "error": row["error"]}
             if row.get("usage") is not None:  # a JSON row cut short: its tokens were made
                 error["usage"] = row["usage"]
+            if row.get("fingerprint") is not None:
+                error["fingerprint"] = row["fingerprint"]
             out.append(error)
             continue
         record = {
@@ -105,6 +108,9 @@ def write_parquet_results(records: list[dict[str, Any]], path: Path) -> None:
             json.dumps(r["parsed"], ensure_ascii=False) if "parsed" in r else None for r in records
         ]
         columns["parsed"] = pa.array(parsed, type=pa.string())
+    if any("fingerprint" in r for r in records):  # the settings each row was done under
+        prints = [r.get("fingerprint") for r in records]
+        columns["fingerprint"] = pa.array(prints, type=pa.string())
     columns["error"] = pa.array([r.get("error") for r in records], type=pa.string())
     table = pa.table(columns)
     partial = path.with_name(path.name + ".tmp")

@@ -35,6 +35,7 @@ import numpy as np
 
 from .. import config as config_mod
 from ..errors import ConfigError, OrtgenError
+from .fingerprint import job_print, reconcile, stamp
 from .formats import job_format, model_name
 from .openai_batch import LineChecker
 from .progress import JobSummary, Progress
@@ -48,6 +49,14 @@ if TYPE_CHECKING:
 __all__ = ["RAY_MISSING", "ray_available", "require_ray", "run_ray_job"]
 
 RAY_MISSING = "the ray engine needs Ray, which is not installed: pip install 'ortgen[ray]'"
+#: a Ray instance the job starts for itself serves this machine only: its node (GCS, raylet,
+#: object store, workers, agents) has the loopback address, and no dashboard
+LOOPBACK = "127.0.0.1"
+LOOPBACK_ONLY: dict[str, Any] = {
+    "_node_ip_address": LOOPBACK,
+    "include_dashboard": False,
+    "dashboard_host": LOOPBACK,
+}
 
 
 def ray_available() -> bool:
@@ -80,13 +89,15 @@ def run_ray_job(
     settings: Mapping[str, Any] | None = None,
     progress: TextIO | None = sys.stderr,
     input_format: str | None = None,
+    rerun_changed: bool = False,
 ) -> JobSummary:
     """Generate for every row of ``input_path`` not already in ``output_path``, on Ray.
 
     ``address``: a running cluster (``HOST:PORT``); None starts a local Ray instance for
     this job. ``workers``: actors, each with the model loaded once, each reserving
     ``threads`` CPUs (1 when None); ``spin_us`` is their sessions' spin (see ``load``).
-    The other arguments mean what they mean for :func:`run_job`; the output is the same.
+    The other arguments mean what they mean for :func:`run_job` (``rerun_changed``
+    too); the output is the same, fingerprints included.
     Raises before any row runs when the job as a whole cannot work."""
     from ..model.session import spin_duration
 
@@ -105,10 +116,21 @@ def run_ray_job(
     model = str(Path(model).expanduser().resolve()) if model is not None else None
     fmt = job_format(input_path, input_format, model=model_name(model))
     report = fmt.scan_unique(input_path)
+    fingerprint = job_print(model, pipeline.settings, settings)
     results = fmt.results(output_path)
-    done = results.open()
+    results.open()
     try:
-        pending = [_encode(row) for row in fmt.rows(input_path) if id_key(row.id) not in done]
+        reconcile(
+            fingerprint, results, fmt.rows(input_path), output_path, rerun_changed=rerun_changed
+        )
+        done = results.done
+        pending: list[str] = []
+        prints: dict[str, str] = {}  # the driver stamps each line: the same as run_job's
+        for row in fmt.rows(input_path):
+            key = id_key(row.id)
+            if key not in done:
+                pending.append(_encode(row))
+                prints[key] = fingerprint.row(row)
         tracker = Progress(report.rows, len(report.ids & done), progress)
         if pending:
             started = _connect_keeping_sigterm(ray, address, workers, threads)
@@ -132,7 +154,8 @@ def run_ray_job(
                     num_cpus=cpus,
                 )
                 for batch in _results(lines):
-                    write_records(results, tracker, [json.loads(line) for line in batch])
+                    records = [json.loads(line) for line in batch]
+                    write_records(results, tracker, stamp(records, prints))
             finally:
                 if started:
                     ray.shutdown()
@@ -208,12 +231,41 @@ def _connect(ray: Any, address: str | None, workers: int, threads: int | None) -
     else:
         # enough CPUs for the pool even on a small machine: Ray waits forever otherwise
         cpus = max(os.cpu_count() or 1, workers * (threads or 1))
-        ray.init(address="local", num_cpus=cpus, include_dashboard=False, **quiet)
+        _start_local(ray, cpus, quiet)
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # the job draws its own progress line
     context.print_on_execution_start = False
     logging.getLogger("ray.data").setLevel(logging.ERROR)  # e.g. "progress bars disabled"
     return True
+
+
+def _start_local(ray: Any, cpus: int, quiet: dict[str, Any]) -> None:
+    """A Ray instance of the job's own, listening on the loopback address only.
+
+    ``_node_ip_address`` is how ``ray.init`` names the node's address, but Ray 2.60 turns a
+    loopback address into the machine's interface address whenever clusters are enabled
+    (``ray._private.services.resolve_ip_for_localhost``; they are, on Linux), and the GCS,
+    raylet, workers and agents then listen on that interface or on every one (measured:
+    ``gcs_server`` and ``raylet`` on ``::``, the runtime-env agent on the interface
+    address). With clusters off (what ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` sets when Ray
+    is imported) it keeps the loopback address and every one of them listens there, so
+    that switch is off while this instance starts. The node's address is checked after:
+    a Ray that chose another one is stopped and the job refused."""
+    constants: Any = importlib.import_module("ray._private.ray_constants")
+    clusters = getattr(constants, "ENABLE_RAY_CLUSTER", None)
+    constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(address="local", num_cpus=cpus, **LOOPBACK_ONLY, **quiet)
+    finally:
+        constants.ENABLE_RAY_CLUSTER = clusters
+    addresses = {node.get("NodeManagerAddress") for node in ray.nodes()}
+    if addresses != {LOOPBACK}:
+        ray.shutdown()
+        raise OrtgenError(
+            f"the local Ray instance took the address {', '.join(map(str, addresses))}, not "
+            f"{LOOPBACK}: ortgen starts Ray for this machine only. Start a Ray cluster "
+            "yourself (ray start --head) and give its --address"
+        )
 
 
 def _connect_keeping_sigterm(

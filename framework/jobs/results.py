@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import stat
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,11 @@ from ..errors import InputError, OutputError
 from .output_lock import OutputLock
 from .rows import id_key, is_parquet
 
-__all__ = ["ResultLog", "open_results", "result_line"]
+__all__ = ["FINGERPRINT", "ResultLog", "open_results", "result_line"]
+
+#: the key of a result line that says under which settings its row was done
+#: (``fingerprint.py``)
+FINGERPRINT = "fingerprint"
 
 #: the end of every write-fault message: what to do, and that nothing was lost
 _RERUN = "run the same command again to continue"
@@ -54,6 +59,9 @@ class ResultLog:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.done: set[str] = set()  # id keys already written
+        #: id key -> the fingerprint its line carries (lines written before ortgen kept
+        #: one have none)
+        self.prints: dict[str, str] = {}
         self.written = 0  # lines this job appended
         self.lock = OutputLock(path)
         self._fd: int | None = None
@@ -102,13 +110,24 @@ class ResultLog:
                     break  # torn by a kill mid-write: its row was not done
                 end += len(raw)
                 if raw.strip():
-                    self.done.add(id_key(self._result_id(raw, number)))
+                    record = self._result(raw, number)
+                    key = id_key(record["id"])
+                    self.done.add(key)
+                    stamp = record.get(FINGERPRINT)
+                    if isinstance(stamp, str):  # most lines share one: keep one copy
+                        self.prints[key] = sys.intern(stamp)
         if end != self.path.stat().st_size:
             with self.path.open("r+b") as torn:
                 torn.truncate(end)
                 os.fsync(torn.fileno())
 
     def _result_id(self, raw: bytes, number: int) -> Any:
+        """The id of a result line (``_result``: the whole line)."""
+        return self._result(raw, number)["id"]
+
+    def _result(self, raw: bytes, number: int) -> dict[str, Any]:
+        """A result line as the log keeps track of it: its ``"id"`` (the row's) and,
+        when it has one, its ``"fingerprint"``."""
         try:
             record = json.loads(raw)
         except ValueError:
@@ -118,7 +137,31 @@ class ResultLog:
                 f"{self.path} line {number} is not a result line of `ortgen run`, so the job "
                 "cannot resume from this file; give another output path"
             )
-        return record["id"]
+        return record
+
+    def forget(self, keys: set[str]) -> None:
+        """Drop the lines of the rows ``keys`` (done under other settings, to be done
+        again) before any row is appended: the file is rewritten without them and put in
+        the old one's place (``os.replace``), so a kill leaves the one or the other."""
+        assert self._fd is not None, "open() first"
+        kept = self.path.with_name(self.path.name + ".tmp")
+        try:
+            with self.path.open("rb") as lines, kept.open("wb") as out:
+                for raw in lines:
+                    if not raw.strip() or id_key(self._result_id(raw, 0)) not in keys:
+                        out.write(raw)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(kept, self.path)
+            fd, self._fd = self._fd, None
+            os.close(fd)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        except OSError as exc:
+            kept.unlink(missing_ok=True)
+            raise OutputError(f"cannot write the output {self.path}: {_why(exc)}") from exc
+        self.done -= keys
+        for key in keys:
+            self.prints.pop(key, None)
 
     def append(self, records: Iterable[dict[str, Any]]) -> None:
         """Write ``records`` as whole lines in one write, then make them durable.
@@ -186,6 +229,7 @@ class ParquetResults(ResultLog):
         super().__init__(path.with_name(path.name + ".partial.jsonl"))
         self.final = path
         self.lock = OutputLock(path)  # the output the user named, not the progress file
+        self._copy_of_final = False  # the progress file is the finished file's rows
 
     def open(self) -> set[str]:
         from .parquet import require_pyarrow
@@ -196,6 +240,19 @@ class ParquetResults(ResultLog):
     def _prepare(self) -> None:
         if not self.path.exists() and self.final.exists():
             self._seed_from_final()  # a finished job run again: its rows are done
+            self._copy_of_final = True
+
+    def forget(self, keys: set[str]) -> None:
+        super().forget(keys)
+        self._copy_of_final = False
+
+    def close(self) -> None:
+        """As a JSONL log's; a progress file that is still a copy of the finished Parquet
+        file (a job that stopped before its first row) is dropped."""
+        if self._copy_of_final and self.written == 0 and self.lock.held:
+            self.path.unlink(missing_ok=True)
+            self._copy_of_final = False
+        super().close()
 
     def _seed_from_final(self) -> None:
         from .parquet import read_parquet_results

@@ -28,10 +28,11 @@ from ..request.sessions import changed_settings
 from ..structured.response_format import parse_json_output
 from ..structured.settings import CONSTRAINT_FIELDS, constraint
 from .check import InputReport
+from .fingerprint import job_print, reconcile, stamp
 from .formats import JobFormat, job_format, model_name
 from .progress import JobSummary, Progress
 from .results import ResultLog
-from .rows import InputRow, chat_options, id_key, replaces_constraint
+from .rows import InputRow, RowChecker, chat_options, id_key, replaces_constraint
 
 if TYPE_CHECKING:
     from ..api import TextGenerator
@@ -43,6 +44,7 @@ __all__ = [
     "check_one_result_per_row",
     "check_sizes",
     "chunks",
+    "recheck",
     "run_job",
     "scan_unique",
     "write_records",
@@ -52,6 +54,7 @@ RAY_NEEDS_ITS_RUNNER = (
     "run_job runs rows in this process (the local engine); for the ray engine use "
     "ortgen.jobs.ray_engine.run_ray_job (or `ortgen run --engine ray`)"
 )
+ONE_RESULT_PER_ROW = "ortgen run writes one result per row; num_return_sequences must be 1"
 T = TypeVar("T")
 
 
@@ -76,6 +79,7 @@ def run_job(
     settings: Mapping[str, Any] | None = None,
     progress: TextIO | None = sys.stderr,
     input_format: str | None = None,
+    rerun_changed: bool = False,
 ) -> JobSummary:
     """Generate for every row of ``input_path`` not already in ``output_path``.
 
@@ -84,7 +88,9 @@ def run_job(
     a terminal) and the summary go; None for silence. ``input_format``: ``"ortgen"``
     (rows), ``"openai"`` (OpenAI batch lines, answered with its output lines) or None /
     ``"auto"`` (by the first line; ``formats.job_format``). Raises before any row runs
-    when the job as a whole cannot work (bad settings, duplicate ids, unusable output).
+    when the job as a whole cannot work (bad settings, duplicate ids, unusable output,
+    rows done under other settings: ``rerun_changed`` does those again, see
+    ``fingerprint.py``; both formats).
     """
     if engine != "local":
         raise ConfigError(RAY_NEEDS_ITS_RUNNER if engine == "ray" else f"unknown engine {engine!r}")
@@ -93,18 +99,35 @@ def run_job(
     check_one_result_per_row(gen.resolve_config(settings).config.num_return_sequences)
     fmt = job_format(input_path, input_format, model=model_name(gen.path))
     report = fmt.scan_unique(input_path)
+    pipeline = gen.pipeline.settings if gen.pipeline is not None else {}
+    fingerprint = job_print(gen.path, pipeline, settings)
     results = fmt.results(output_path)
-    done = results.open()
+    results.open()
     try:
+        reconcile(
+            fingerprint, results, fmt.rows(input_path), output_path, rerun_changed=rerun_changed
+        )
+        done = results.done
         tracker = Progress(report.rows, len(report.ids & done), progress)
         job = RowRunner(gen, settings, batch_size)
-        for rows in chunks(fmt.rows(input_path, job.check_settings), window):
-            for records in job.run_window([row for row in rows if id_key(row.id) not in done]):
-                write_records(results, tracker, records)
+        checker = fmt.checker(job.check_settings)
+        # read as the ray driver reads them (each row's fingerprint from what it says),
+        # then checked with the job's settings, as a ray worker checks them
+        for rows in chunks(fmt.rows(input_path), window):
+            todo = [row for row in rows if id_key(row.id) not in done]
+            prints = {id_key(row.id): fingerprint.row(row) for row in todo}
+            for records in job.run_window([fmt.recheck(row, checker) for row in todo]):
+                write_records(results, tracker, stamp(records, prints))
         results.finish()
     finally:
         results.close()
     return tracker.finish()
+
+
+def recheck(row: InputRow, checker: RowChecker) -> InputRow:
+    """A row read without settings checks, checked again by ``checker`` (its own settings
+    over the job's); a row already bad stays as it is (``JobFormat.recheck``)."""
+    return JobFormat().recheck(row, checker)
 
 
 def check_sizes(batch_size: int, window: int) -> None:
@@ -117,7 +140,7 @@ def check_sizes(batch_size: int, window: int) -> None:
 def check_one_result_per_row(num_return_sequences: int) -> None:
     """A result line is one row's one answer: resume finds it by the row's id."""
     if num_return_sequences != 1:
-        raise ConfigError("ortgen run writes one result per row; num_return_sequences must be 1")
+        raise ConfigError(ONE_RESULT_PER_ROW)
 
 
 def scan_unique(input_path: str | Path) -> InputReport:

@@ -18,8 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import NoTokenLeft
 from ..protocols import LogitsProcessor, WorksOnCandidates
 from ..protocols.candidates import Candidates
+from .blame import blame
 from .component_checks import check_candidates, check_scores
 
 #: a processor as ``process`` calls it: (name, processor, the same object when it works
@@ -56,20 +58,29 @@ def process(
     step: int = 0,
     call: Call = _plain_call,
 ) -> np.ndarray | Candidates:
-    """The processed scores: dense, or Candidates when the chain left few."""
+    """The processed scores: dense, or Candidates when the chain left few. A constraint
+    that finds every token it allows removed names the processors that removed them
+    (``blame``: only then, at no cost to the normal step)."""
     shape = scores.shape
     held: np.ndarray | Candidates = scores
-    for name, processor, sparse in processors:
-        if sparse is not None:
-            out = call("logits processor", name, sparse.sparse, input_ids, held)
-            if out is not None:
-                check_candidates(name, out, shape, step)
-                held = out
-                continue
-        if isinstance(held, Candidates):
-            held = held.dense()
-        held = call("logits processor", name, processor, input_ids, held)
-        check_scores(name, held, shape, step)
+    try:
+        for name, processor, sparse in processors:
+            if sparse is not None:
+                out = call("logits processor", name, sparse.sparse, input_ids, held)
+                if out is not None:
+                    check_candidates(name, out, shape, step)
+                    held = out
+                    continue
+            if isinstance(held, Candidates):
+                held = held.dense()
+            held = call("logits processor", name, processor, input_ids, held)
+            check_scores(name, held, shape, step)
+    except NoTokenLeft as exc:
+        index = next(i for i, p in enumerate(processors) if p[1] is processor)
+        found = blame(exc, processors, index, input_ids, scores)
+        if found is exc:
+            raise
+        raise found from exc
     return held
 
 
