@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 from typing import Any
 
 from ortgen import CallDraft, ParsedAnswer, TemplateProbe, ToolSpec
@@ -40,14 +39,14 @@ from ortgen.chat_formats import (
     call_schema,
     held_back,
     json_grammar,
-    json_value_end,
-    partial_json_text,
+    read_json_call,
 )
 
 MARKER = "functools["
 _SYSTEM = "You are a helpful assistant with some tools."
 _SPACE = " \t\r\n"
-_NAME = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+#: where a call's arguments may be: the model card's key, then the one vLLM also reads
+_KEYS = ("arguments", "parameters")
 
 
 class Phi4MiniFormat:
@@ -101,33 +100,24 @@ class Phi4MiniFormat:
 
 
 def _calls(text: str) -> list[CallDraft]:
-    """The calls of the list ``text`` (what follows ``functools[``) as far as written;
-    the last one, cut short, ends the list with ``complete=False``."""
+    """The calls of the list ``text`` (what follows ``functools[``) as far as written,
+    each read by the kit's ``read_json_call``; the last one, cut short, ends the list with
+    ``complete=False``."""
     calls: list[CallDraft] = []
     at = 0
     while True:
         at = _skip(text, at)
         if at == len(text):
             return [*calls, CallDraft(None)]  # the next call not begun
-        named = _NAME.match(text, at)
-        whole = json_value_end(text, at)
-        if named is None:  # not yet at the arguments, or another key order
-            if whole is None:
-                return [*calls, CallDraft(None)] if text[at] == "{" else calls
-            loose = _loose(text[at:whole])
-            if loose is None:
-                return calls
-            calls.append(loose)
-        else:
-            name = json.loads(f'"{named.group(1)}"')
-            end = json_value_end(text, named.end())
-            if end is None:
-                return [*calls, CallDraft(name, partial_json_text(text[named.end() :]))]
-            arguments = text[named.end() : end]
-            if whole is None:  # the call's object is not closed yet
-                return [*calls, CallDraft(name, arguments)]
-            calls.append(CallDraft(name, arguments, _is_object(arguments)))
-        at = _skip(text, whole)
+        if text[at] != "{":
+            return calls
+        call, end = read_json_call(text, at, arguments_keys=_KEYS)
+        if call is None:  # a whole value that is no call: the list's calls end here
+            return calls
+        calls.append(call)
+        if end is None:
+            return calls
+        at = _skip(text, end)
         if at == len(text) or text[at] != ",":
             return calls
         at += 1
@@ -137,27 +127,6 @@ def _skip(text: str, at: int) -> int:
     while at < len(text) and text[at] in _SPACE:
         at += 1
     return at
-
-
-def _loose(text: str) -> CallDraft | None:
-    """A whole call object in another key order, or None when it is not a call."""
-    try:
-        call = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-        return None
-    arguments = call.get("arguments", call.get("parameters", {}))
-    if isinstance(arguments, str):
-        return CallDraft(call["name"], arguments, _is_object(arguments))
-    return CallDraft(call["name"], json.dumps(arguments, ensure_ascii=False), True)
-
-
-def _is_object(text: str) -> bool:
-    try:
-        return isinstance(json.loads(text), dict)
-    except ValueError:
-        return False
 
 
 def _as_text(message: dict[str, Any]) -> dict[str, Any]:
