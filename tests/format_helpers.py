@@ -23,3 +23,29 @@ def accepts(folder: Path, grammar: str, text: str, eos: str) -> bool:
     return all(matcher.consume_token(t) for t in tok.encode(text, add_special_tokens=False)) and (
         matcher.is_accepting()
     )
+
+
+#: ortgen's hermes-style template and the tokens a tiny model speaking it needs as one
+#: token each (the first two are control tokens: left out of decoded text)
+HERMES_TEMPLATE = (
+    Path(__file__).resolve().parent.parent / "plugins/chat_formats/templates/hermes.jinja"
+)
+HERMES_SPECIAL = (
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+)
+
+
+def export_hermes_family(root: Path) -> Path:
+    """A tiny random model speaking ortgen's hermes template (it thinks and calls tools):
+    the server, Responses and third-party-format tests' model."""
+    from tests.tiny_models import export_chat_family
+
+    return export_chat_family(
+        root, "hermes", HERMES_TEMPLATE.read_text(), special_tokens=HERMES_SPECIAL,
+        eos="<|im_end|>", control_tokens=HERMES_SPECIAL[:2],
+    )  # fmt: skip

@@ -20,11 +20,9 @@ import pytest
 
 import ortgen
 from tests import server_plugin
+from tests.format_helpers import export_hermes_family
 from tests.server_helpers import ServerProcess
-from tests.tiny_models import export_chat_family
 
-TEMPLATE = Path(__file__).resolve().parent.parent / "plugins/chat_formats/templates/hermes.jinja"
-SPECIAL = ("<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>")
 ADD = {
     "type": "function",
     "function": {
@@ -54,11 +52,7 @@ CALL = '<tool_call>\n{"name":"add","arguments":{"a":1,"b":2}}\n</tool_call>'
 
 @pytest.fixture(scope="module")
 def family(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("hermes-family")
-    return export_chat_family(
-        root, "hermes", TEMPLATE.read_text(), special_tokens=SPECIAL, eos="<|im_end|>",
-        control_tokens=SPECIAL[:2],
-    )  # fmt: skip
+    return export_hermes_family(tmp_path_factory.mktemp("hermes-family"))
 
 
 @pytest.fixture(scope="module")

@@ -344,14 +344,9 @@ print(json.dumps({
 
 @pytest.fixture(scope="module")
 def hermes_family(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.test_chat_formats_server import SPECIAL, TEMPLATE
-    from tests.tiny_models import export_chat_family
+    from tests.format_helpers import export_hermes_family
 
-    root = tmp_path_factory.mktemp("third-party-format")
-    return export_chat_family(
-        root, "hermes", TEMPLATE.read_text(), special_tokens=SPECIAL, eos="<|im_end|>",
-        control_tokens=SPECIAL[:2],
-    )  # fmt: skip
+    return export_hermes_family(tmp_path_factory.mktemp("third-party-format"))
 
 
 def test_a_third_party_chat_format_is_picked_by_name_everywhere(

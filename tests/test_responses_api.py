@@ -33,11 +33,9 @@ from openai.types.responses import (
 
 from ortgen.serve.openapi import openapi_document
 from ortgen.serve.responses_api import RESPONSES_FIELDS, accepted_fields
+from tests.format_helpers import export_hermes_family
 from tests.server_helpers import ROOT, ServerProcess, call
-from tests.tiny_models import export_chat_family
 
-TEMPLATE = Path(__file__).resolve().parent.parent / "plugins/chat_formats/templates/hermes.jinja"
-SPECIAL = ("<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>")
 ADD = {
     "type": "function",
     "name": "add",
@@ -59,11 +57,7 @@ CALL = '<tool_call>\n{"name":"add","arguments":{"a":1,"b":2}}\n</tool_call>'
 
 @pytest.fixture(scope="module")
 def family(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("hermes-family")
-    return export_chat_family(
-        root, "hermes", TEMPLATE.read_text(), special_tokens=SPECIAL, eos="<|im_end|>",
-        control_tokens=SPECIAL[:2],
-    )  # fmt: skip
+    return export_hermes_family(tmp_path_factory.mktemp("hermes-family"))
 
 
 @pytest.fixture(scope="module")
