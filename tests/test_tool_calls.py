@@ -385,3 +385,30 @@ def test_the_default_model_returns_every_call_its_answer_makes(
                    max_new_tokens=200)  # fmt: skip
     assert out.finish_reasons == ["tool_calls"] and out.text == "", out.text
     assert read_back(out.tool_calls) == THREE_CALLS
+
+
+@pytest.mark.parametrize("format_", ["json", "hermes"])
+def test_a_stream_sends_the_calls_the_whole_reply_keeps(format_) -> None:
+    """Streamed a character at a time, an answer that starts over (its calls again) and
+    one past the call limit send exactly the calls ``read_reply`` keeps: a repeat is never
+    announced, and nothing after it or past the limit is sent."""
+    from ortgen.chat_formats.reply import ReplyStream
+
+    template = HERMES_TEMPLATE if format_ == "hermes" else ""
+    for parallel, calls in ((None, [*THREE_CALLS[:2], THREE_CALLS[0]]), (False, THREE_CALLS)):
+        read = plan(template, TOOLS, "auto", parallel)
+        text = written(calls, format_)
+        stream = ReplyStream(read)
+        deltas = [d for char in text for d in stream.feed(char)]
+        more, reason = stream.finish("eos")
+        sent: dict[int, dict] = {}
+        for delta in [*deltas, *more]:
+            for fragment in delta.get("tool_calls", ()):
+                call = sent.setdefault(fragment["index"], {"name": "", "arguments": ""})
+                call["name"] += fragment["function"].get("name", "")
+                call["arguments"] += fragment["function"].get("arguments", "")
+        whole = read_reply(text, read, "eos")
+        assert reason == whole.finish_reason == "tool_calls"
+        assert [(c["name"], c["arguments"]) for c in sent.values()] == [
+            (c["function"]["name"], c["function"]["arguments"]) for c in whole.tool_calls
+        ], (parallel, format_)

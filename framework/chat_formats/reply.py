@@ -182,7 +182,7 @@ class ReplyStream:
             self._content_sent = len(content)
         for index, draft in enumerate(parsed.calls):
             if index == len(self._calls):
-                if draft.name is None or not self._may_send(draft, index):
+                if draft.name is None or not self._may_send(draft, parsed.calls[:index]):
                     break
                 self._calls.append((call_id(), draft.name, 0))
                 identifier = self._calls[index][0]
@@ -197,14 +197,14 @@ class ReplyStream:
                 break
         return deltas
 
-    def _may_send(self, draft: CallDraft, index: int) -> bool:
+    def _may_send(self, draft: CallDraft, before: Sequence[CallDraft]) -> bool:
         """Whether a new call may be sent: within the limit, and not (so far) a repeat
         of an earlier call; once it is whole and a repeat, the stream stops."""
         assert self.plan.spec is not None
-        if index >= self.plan.spec.max_calls:
+        if len(before) >= self.plan.spec.max_calls:
             self._stopped = True
             return False
-        earlier = [d for d in self._done(index) if d.name == draft.name]
+        earlier = [d for d in before if d.complete and d.name == draft.name]
         if not earlier:
             return True
         written = draft.arguments
@@ -213,7 +213,3 @@ class ReplyStream:
             self._stopped = repeat
             return not repeat
         return not any(d.arguments.startswith(written) for d in earlier)
-
-    def _done(self, index: int) -> list[CallDraft]:
-        parsed = self.plan.format.parse("".join(self._answer), final=False)
-        return [d for d in parsed.calls[:index] if d.complete]
