@@ -33,8 +33,8 @@ from ..errors import ConfigError, InputError
 from ..model.session import max_context, read_model_config
 from ..request.outputs import StreamPiece
 from . import metrics as prometheus
-from .chat_page import chat_page_routes, is_page_path
 from .batches_api import cancel_batch, create_batch, get_batch, list_batches
+from .chat_page import chat_page_routes, is_page_path
 from .embeddings_route import create_embeddings
 from .engine import RowHandle
 from .errors import RequestError, no_route, shutting_down

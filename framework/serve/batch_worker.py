@@ -141,7 +141,9 @@ class BatchWorker:
         if batch["status"] == "validating":
             mark(batch, "in_progress")
         self.batches.save(batch)
-        outputs = {kind: self.files.scratch(f"{batch['id']}_{kind}") for kind in ("output", "error")}
+        outputs = {
+            kind: self.files.scratch(f"{batch['id']}_{kind}") for kind in ("output", "error")
+        }
         with outputs["output"].open("w") as out, outputs["error"].open("w") as err:
             await self._run_rows(batch, OpenAIBatch(batch["model"]), path, out, err)
         status = "cancelled" if batch["status"] == "cancelling" else "completed"
@@ -173,7 +175,7 @@ class BatchWorker:
                 runner = RowRunner(model.gen, {}, ROWS_AT_ONCE, self._generator(engine, loop))
                 checker = fmt.checker(runner.check_settings)
                 todo = [fmt.recheck(row, checker) for row in chunk]
-                groups = await asyncio.to_thread(lambda: list(runner.run_window(todo)))
+                groups = await asyncio.to_thread(_run_window, runner, todo)
             finally:
                 self.models.release(model)
             for records in groups:
@@ -297,6 +299,11 @@ def _validate(
         errors.append(_error("empty_file", "the input file has no lines", None, None))
     errors.sort(key=lambda e: e["line"] or 0)
     return report.rows, errors, named[0][0] if named else None
+
+
+def _run_window(runner: RowRunner, rows: list[InputRow]) -> list[list[dict[str, Any]]]:
+    """Every group of result lines of ``rows`` (in the runner's worker thread)."""
+    return list(runner.run_window(rows))
 
 
 def _error(code: str, message: str, line: int | None, param: str | None) -> dict[str, Any]:

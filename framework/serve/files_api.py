@@ -53,8 +53,7 @@ async def create_file(request: Request) -> Response:
         if not isinstance(purpose, str) or purpose not in PURPOSES:
             got = "none" if purpose is None else repr(purpose)[:60]
             raise RequestError(
-                f"purpose must be one of {', '.join(PURPOSES)} (a batch's input: batch), "
-                f"got {got}",
+                f"purpose must be one of {', '.join(PURPOSES)} (a batch's input: batch), got {got}",
                 param="purpose",
             )
         upload = form.get("file")

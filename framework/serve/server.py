@@ -117,7 +117,9 @@ def _files_dir(given: str | None) -> Path | None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
-        raise OrtgenError(f"--files-dir {given}: cannot write there: {exc.strerror or exc}") from None
+        raise OrtgenError(
+            f"--files-dir {given}: cannot write there: {exc.strerror or exc}"
+        ) from None
     return folder
 
 
