@@ -12,12 +12,11 @@ from __future__ import annotations
 import json
 import re
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 from .errors import RequestError
-from .files_store import write_json
+from .files_store import new_id, write_json
 
 __all__ = ["ACTIVE", "BatchStore", "mark"]
 
@@ -66,7 +65,7 @@ class BatchStore:
         """A new batch, validating: the worker takes it from there."""
         now = int(time.time())
         batch: dict[str, Any] = {
-            "id": f"batch_{uuid.uuid4().hex}",
+            "id": new_id("batch_"),
             "object": "batch",
             "endpoint": endpoint,
             "model": model,

@@ -126,7 +126,11 @@ class BatchWorker:
         if batch["status"] == "cancelling":  # cancelled before it started
             return self._end(batch, "cancelled", None)
         batch["request_counts"] = {"total": 0, "completed": 0, "failed": 0}
-        path = self.files.content(batch["input_file_id"])
+        try:
+            path = self.files.content(batch["input_file_id"])
+        except RequestError as exc:  # deleted since the batch was made
+            error = {"code": "file_not_found", "message": exc.message, "param": "input_file_id"}
+            return self._fail(batch, [error])
         fmt = OpenAIBatch(batch["model"])
         total, errors, model = await asyncio.to_thread(_validate, fmt, path, batch["endpoint"])
         if errors:
@@ -138,7 +142,7 @@ class BatchWorker:
                 error = {"code": "model_not_found", "message": exc.message, "param": "model"}
                 return self._fail(batch, [error])
         batch["request_counts"]["total"] = total
-        if batch["status"] == "validating":
+        if batch["status"] in ("validating", "finalizing"):  # finalizing: run again
             mark(batch, "in_progress")
         self.batches.save(batch)
         outputs = {
