@@ -333,7 +333,9 @@ def test_files_and_batches_are_listed_paged_deleted_and_outlive_a_restart(
     wait(client, unfinished.id, ("in_progress", *ENDED))
     kept_files = {f.id: f.model_dump() for f in client.files.list()}
     kept_batches = {b.id: b.model_dump() for b in client.batches.list()}
-    server.stop()  # mid-batch
+    server.stop()  # mid-batch: it is left active on disk
+    left = json.loads((files_dir / "batches" / f"{unfinished.id}.json").read_text())
+    assert left["status"] == "in_progress" and left["request_counts"]["completed"] < 60
     again = start(tiny_dir, files_dir)
     try:
         other = again.client()

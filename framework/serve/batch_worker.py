@@ -30,7 +30,7 @@ import concurrent.futures
 import contextlib
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -52,9 +52,10 @@ __all__ = ["ROWS_AT_ONCE", "BatchWorker"]
 
 log = logging.getLogger("ortgen.serve")
 
-#: rows of a batch in the engine at once: few, so a live request shares each decode step
-#: with at most these many (measured in docs/server.md, "Files and batches")
-ROWS_AT_ONCE = 2
+#: rows of a batch in the engine at once: one, so a live request shares each decode step
+#: with one batch row (two doubled a live answer's time where one added half; measured
+#: in docs/server.md, "Files and batches")
+ROWS_AT_ONCE = 1
 #: validation errors listed in a failed batch's ``errors`` (the count says the rest)
 MAX_ERRORS = 100
 
@@ -190,7 +191,9 @@ class BatchWorker:
                     counts["completed" if ok else "failed"] += 1
             self.batches.save(batch)
 
-    def _generator(self, engine: Engine, loop: asyncio.AbstractEventLoop) -> Any:
+    def _generator(
+        self, engine: Engine, loop: asyncio.AbstractEventLoop
+    ) -> Callable[[list[dict[str, Any]]], GenerationOutput]:
         """The job runner's ``generate`` (called in its worker thread): the requests run
         as background rows of ``engine`` (on the event loop), waited for here."""
 
