@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
 from tests.server_helpers import KEY, ServerProcess, call
@@ -147,6 +148,33 @@ def test_the_example_batch_answers_each_line_as_the_server_does(client, server):
         assert without_ids(out.response.body) == without_ids(alone)
         assert body["model"] == server.model
         assert body["choices"][0]["message"]["content"]  # the tiny model says something
+
+
+def test_a_completions_batch_answers_as_the_completions_route(client, server):
+    lines = [
+        {"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions",
+         "body": {"model": "m", "prompt": prompt, "max_tokens": 10, "temperature": 0}}
+        for i, prompt in enumerate(["Once upon a time", "The capital of France"])
+    ]  # fmt: skip
+    batch = client.batches.create(input_file_id=upload(client, lines), endpoint="/v1/completions",
+                                  completion_window="24h")  # fmt: skip
+    batch = wait(client, batch.id)
+    assert batch.status == "completed" and batch.request_counts.completed == 2
+    answers = outputs(client, batch.output_file_id)
+    for line in lines:
+        body = answers[line["custom_id"]].response.body
+        Completion.model_validate(body)
+        status, alone = call(server, "/v1/completions", line["body"])
+        assert status == 200 and without_ids(body) == without_ids(alone)
+
+
+def test_the_published_batch_request_is_the_one_the_route_reads():
+    from ortgen.serve.batches_api import BATCH_FIELDS, ENDPOINTS
+    from ortgen.serve.openapi import openapi_document
+
+    request = openapi_document()["components"]["schemas"]["BatchRequest"]
+    assert set(request["properties"]) == set(BATCH_FIELDS)
+    assert request["properties"]["endpoint"]["enum"] == list(ENDPOINTS)
 
 
 def test_chat_requests_are_answered_while_a_batch_runs_and_cancel(client):
