@@ -49,9 +49,12 @@ ANSWERS = {
 
 
 @pytest.fixture(scope="module")
-def server(tiny_text_model):
-    """The app of ``ortgen serve`` on the tiny text model, with an API key, in-process
+def server(tiny_text_model, tmp_path_factory):
+    """The app of ``ortgen serve`` on the tiny text model, with an API key and a files
+    folder (its batch worker does not run: batches stay validating), in-process
     (schemathesis's ASGI client runs its lifespan: the engine starts and stops)."""
+    import io
+
     import ortgen
     from ortgen.serve.app import build_app
     from ortgen.serve.engine import Engine
@@ -60,7 +63,13 @@ def server(tiny_text_model):
 
     gen = ortgen.load(tiny_text_model, threads=1)
     engine = Engine(gen, max_batch=4, max_queue=16)
-    state = ServerState(ModelPool.single(ServedModel("tiny", gen, engine)), api_key=KEY)
+    pool = ModelPool.single(ServedModel("tiny", gen, engine))
+    state = ServerState(pool, api_key=KEY, files_dir=tmp_path_factory.mktemp("fuzz-files"))
+    assert state.files is not None
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"messages": [{"role": "user", "content": "hi"}]}}  # fmt: skip
+    upload = io.BytesIO(json.dumps(line).encode() + b"\n")
+    BATCH_FILE.append(state.files.add(upload, "input.jsonl", "batch")["id"])
     app = build_app(state)
     state.models.start()  # what the app's lifespan does, once for the module (see below)
     try:
@@ -152,6 +161,22 @@ PLAIN = {
 }
 
 
+#: the Files and Batches API's operations, fuzzed as one family
+BATCH_OPERATIONS = [
+    ("POST", "/v1/files"),
+    ("GET", "/v1/files"),
+    ("GET", "/v1/files/{file_id}"),
+    ("DELETE", "/v1/files/{file_id}"),
+    ("GET", "/v1/files/{file_id}/content"),
+    ("POST", "/v1/batches"),
+    ("GET", "/v1/batches"),
+    ("GET", "/v1/batches/{batch_id}"),
+    ("POST", "/v1/batches/{batch_id}/cancel"),
+]
+#: the id of a batch input file the module's server holds (its fixture uploads it)
+BATCH_FILE: list[str] = []
+
+
 #: schemathesis's strategies, per route and mode: bodies that fit the schema
 #: ("positive") and bodies that break it ("negative")
 CASES = {
@@ -162,6 +187,7 @@ CASES = {
         ("POST", "/v1/responses"),
         ("POST", "/v1/embeddings"),
         ("GET", "/v1/models/{model_id}"),
+        *BATCH_OPERATIONS,
     ]
     for mode in ("positive", "negative")
 }
@@ -223,6 +249,27 @@ def test_embeddings_route_from_the_published_schema(server, mode, data):
 @given(data=st.data())
 def test_model_route_from_the_published_schema(server, mode, data):
     send(server, data.draw(CASES["GET", "/v1/models/{model_id}", mode], label="case"), False)
+
+
+@pytest.mark.parametrize(("method", "path"), BATCH_OPERATIONS)
+@pytest.mark.parametrize("mode", ["positive", "negative"])
+@fuzz(6, long=150)
+@given(data=st.data(), real_file=st.booleans())
+def test_files_and_batches_routes_from_the_published_schema(
+    server, method, path, mode, data, real_file
+):
+    """``/v1/files`` and ``/v1/batches``: a 2xx whose body fits the document, or a 4xx
+    with OpenAI's error body; half the batch bodies name a file the server holds, so
+    they get past the file check."""
+    case = data.draw(CASES[method, path, mode], label="case")
+    if real_file and path == "/v1/batches" and isinstance(case.body, dict):
+        case.body = {**case.body, "input_file_id": BATCH_FILE[0]}
+    response = case.call(session=server, base_url="http://testserver", headers=AUTH,
+                         timeout=TIMEOUT)  # fmt: skip
+    if check_answer(path, response) and "json" in response.headers.get("content-type", ""):
+        answer = DOCUMENT["paths"][path][method.lower()]["responses"]["200"]
+        schema = answer["content"]["application/json"]["schema"]
+        jsonschema.validate(response.json(), {**schema, "components": DOCUMENT["components"]})
 
 
 @st.composite

@@ -462,3 +462,26 @@ def test_a_shut_down_engine_ends_its_waiting_rows_and_takes_no_more(tiny_llama_g
             engine.submit([5, 6, 7], {"max_new_tokens": 2})
 
     asyncio.run(asyncio.wait_for(go(), 10))
+
+
+def test_a_live_row_is_admitted_before_background_rows_queued_earlier(fused_chat) -> None:
+    """The Batches API's rows are background rows: one engine slot, a background row
+    running, another background row queued, then a live row: the live row runs next."""
+    gen = fused_chat
+    settings = {"eos_token_id": None, "max_new_tokens": 30}
+    order: list[str] = []
+
+    async def drain(name: str, handle) -> None:
+        async for _piece in handle.pieces():
+            pass
+        order.append(name)
+
+    async def main():
+        first = engine.submit(gen.tokenizer.encode("one"), settings, background=True)
+        queued = engine.submit(gen.tokenizer.encode("two"), settings, background=True)
+        live = engine.submit(gen.tokenizer.encode("live"), settings)
+        await asyncio.gather(drain("first", first), drain("queued", queued), drain("live", live))
+
+    with running_engine(gen, max_batch=1) as engine:
+        asyncio.run(main())
+    assert order.index("live") < order.index("queued"), order

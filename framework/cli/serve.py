@@ -39,6 +39,12 @@ def add_command(sub: argparse._SubParsersAction) -> None:
         "(default: slots on fused graphs, concat_slots on optimum graphs)",
     )
     p.add_argument(
+        "--files-dir",
+        metavar="DIR",
+        help="turn on OpenAI's Files and Batches API (/v1/files, /v1/batches), keeping "
+        "files and batches in DIR (made if missing; a restarted server lists them)",
+    )
+    p.add_argument(
         "--no-web", action="store_true", help="no chat page at / (the API stays under /v1)"
     )
     p.add_argument(

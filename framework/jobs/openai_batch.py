@@ -126,8 +126,13 @@ class LineChecker(RowChecker):
             return InputRow(
                 number, unit, number, error=f'"custom_id" must be a non-empty string, got {got}'
             )
-        url = data.get("url")
-        meta: dict[str, Any] = {"url": url if isinstance(url, str) else None}
+        url, body = data.get("url"), data.get("body")
+        model = body.get("model") if isinstance(body, Mapping) else None
+        # the body's model too: the server's Batches API runs a file on the one it names
+        meta: dict[str, Any] = {
+            "url": url if isinstance(url, str) else None,
+            "model": model if isinstance(model, str) else None,
+        }
         try:
             request, names = line_request(data)
         except RequestError as exc:

@@ -14,7 +14,7 @@ it are shared with the ray engine (``ray_engine.py``), so both give the same lin
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -162,12 +162,23 @@ def write_records(results: ResultLog, progress: Progress, records: list[dict[str
 class RowRunner:
     """Rows to result lines with one loaded model: the per-window work of both engines
     (the local job in this process, each ray actor in its own), so a row gives the same
-    line, or the same error line, whichever engine runs it."""
+    line, or the same error line, whichever engine runs it.
 
-    def __init__(self, gen: TextGenerator, settings: dict[str, Any], batch_size: int) -> None:
+    ``generate``: what runs a batch's requests (each ``{"prompt": ids, **own settings}``)
+    into one output, ``gen.generate(requests, **settings)`` unless given: the server's
+    Batches API passes its serving engine's (``ortgen.serve.batch_worker``)."""
+
+    def __init__(
+        self,
+        gen: TextGenerator,
+        settings: dict[str, Any],
+        batch_size: int,
+        generate: Callable[[list[dict[str, Any]]], GenerationOutput] | None = None,
+    ) -> None:
         self.gen = gen
         self.settings = settings
         self.batch_size = batch_size
+        self._generate = generate or (lambda requests: gen.generate(requests, **settings))
         self._job_wants_json: bool | None = None  # rows without settings of their own
 
     def check_settings(self, own: dict[str, Any]) -> None:
@@ -232,7 +243,7 @@ class RowRunner:
     def _run_batch(self, batch: list[_Ready]) -> list[dict[str, Any]]:
         requests = [{"prompt": r.ids, **r.own} for r in batch]
         try:
-            out = self.gen.generate(requests, **self.settings)
+            out = self._generate(requests)
         except Exception as exc:  # the job outlives any one request, whatever it raised
             if len(batch) > 1:  # find the row that fails: the others still complete
                 return [record for ready in batch for record in self._run_batch([ready])]

@@ -33,10 +33,12 @@ from ..errors import ConfigError, InputError
 from ..model.session import max_context, read_model_config
 from ..request.outputs import StreamPiece
 from . import metrics as prometheus
+from .batches_api import cancel_batch, create_batch, get_batch, list_batches
 from .chat_page import chat_page_routes, is_page_path
 from .embeddings_route import create_embeddings
 from .engine import RowHandle
 from .errors import RequestError, no_route, shutting_down
+from .files_api import create_file, delete_file, file_content, get_file, list_files
 from .model_pool import ServedModel
 from .openai_api import ParsedRequest, parse_chat, parse_completion
 from .openapi import PUBLIC_PATHS, openapi_document
@@ -63,8 +65,12 @@ ROUTES = (
     "/tokenize",
     "/detokenize",
     "/tokenizer_info",
+    "/v1/files",
+    "/v1/batches",
     "/",
 )
+#: routes whose sub-paths /metrics counts as the route (an id in the path)
+_PREFIXED = ("/v1/models", "/v1/files", "/v1/batches")
 
 
 # -- generation routes -----------------------------------------------------------------
@@ -393,7 +399,7 @@ class _Guard:
             await self.app(scope, receive, send)
             return
         path = scope["path"]
-        route = "/v1/models" if path.startswith("/v1/models/") else path
+        route = next((r for r in _PREFIXED if path.startswith(f"{r}/")), path)
         status = 500
 
         async def counting(message: Message) -> None:
@@ -434,11 +440,15 @@ def build_app(state: ServerState) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state.models.start()
+        if state.batch_worker is not None:
+            state.batch_worker.start()
         try:
             yield
         finally:
             state.accepting = False
             state.cancel_all()
+            if state.batch_worker is not None:
+                await state.batch_worker.stop()
             await state.models.close(5.0)
 
     app = Starlette(
@@ -455,6 +465,15 @@ def build_app(state: ServerState) -> Starlette:
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/detokenize", detokenize, methods=["POST"]),
             Route("/tokenizer_info", get_tokenizer_info, methods=["GET"]),
+            Route("/v1/files", create_file, methods=["POST"]),
+            Route("/v1/files", list_files, methods=["GET"]),
+            Route("/v1/files/{file_id}", get_file, methods=["GET"]),
+            Route("/v1/files/{file_id}", delete_file, methods=["DELETE"]),
+            Route("/v1/files/{file_id}/content", file_content, methods=["GET"]),
+            Route("/v1/batches", create_batch, methods=["POST"]),
+            Route("/v1/batches", list_batches, methods=["GET"]),
+            Route("/v1/batches/{batch_id}", get_batch, methods=["GET"]),
+            Route("/v1/batches/{batch_id}/cancel", cancel_batch, methods=["POST"]),
             *(chat_page_routes() if state.web else ()),
         ],
         middleware=[Middleware(_Guard, state=state)],

@@ -9,6 +9,12 @@ The loop runs in its own thread (onnxruntime releases the GIL while it computes,
 event loop stays responsive) and hands pieces to the event loop with
 ``call_soon_threadsafe``. Settings are validated in :meth:`Engine.submit`, in the
 caller's thread, so a bad request fails before it is queued.
+
+Rows submitted with ``background=True`` (a batch of the Batches API,
+``ortgen.serve.batch_worker``) wait in a queue of their own, which is only taken from when
+no live row waits: a live request joins the open batch at the next step whatever the
+background queue holds. The background queue has no bound; its submitter keeps only a
+few rows in it.
 """
 
 from __future__ import annotations
@@ -174,6 +180,7 @@ class Engine:
         #: (it may be unloaded and loaded again), so its counters only grow
         self.stats = stats if stats is not None else EngineStats()
         self._waiting: collections.deque[RowHandle] = collections.deque()
+        self._background: collections.deque[RowHandle] = collections.deque()
         self._wake = threading.Condition()
         self._accepting = True
         self._stopped = False
@@ -212,10 +219,17 @@ class Engine:
         return build_chain(self.gen.registry, ctx, cache=("none", None))
 
     def submit(
-        self, prompt: list[int], settings: dict[str, Any], *, chain: Chain | None = None
+        self,
+        prompt: list[int],
+        settings: dict[str, Any],
+        *,
+        chain: Chain | None = None,
+        background: bool = False,
     ) -> RowHandle:
         """Queue one row (call from the event loop's thread). ``chain``: its components
-        from :meth:`check_components`, when the caller checked the row already."""
+        from :meth:`check_components`, when the caller checked the row already.
+        ``background``: a low-priority row (see the module doc), never refused as
+        ``QueueFull``."""
         if not self._accepting:
             raise ShuttingDown("the server is shutting down")
         if chain is None:
@@ -224,11 +238,14 @@ class Engine:
         with self._wake:
             if self._stopped:  # shut down between the check above and here (an unload)
                 raise ShuttingDown("the model was unloaded; retry")
-            if len(self._waiting) >= self.max_queue:
+            if background:
+                self._background.append(handle)
+            elif len(self._waiting) >= self.max_queue:
                 raise QueueFull(
                     f"{len(self._waiting)} requests are already waiting (--max-queue); retry later"
                 )
-            self._waiting.append(handle)
+            else:
+                self._waiting.append(handle)
             self.stats.requests += 1
             self.stats.queue_length = len(self._waiting)
             self._wake.notify()
@@ -245,16 +262,17 @@ class Engine:
     @property
     def busy(self) -> bool:
         with self._wake:
-            return bool(self._waiting) or self.stats.batch_size > 0
+            return bool(self._waiting or self._background) or self.stats.batch_size > 0
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Cancel what is left and stop the loop thread."""
         self._accepting = False
         with self._wake:
-            for handle in self._waiting:  # ended, so whoever waits on them hears it
+            for handle in (*self._waiting, *self._background):  # ended: their waiters hear it
                 handle.cancel()
                 self._finish(handle, "cancelled")
-            self._waiting.clear()  # a stopped engine holds nothing: its gauges say so too
+            self._waiting.clear()
+            self._background.clear()  # a stopped engine holds nothing: its gauges say so too
             self.stats.queue_length = 0
             self._stopped = True
             self._wake.notify()
@@ -273,15 +291,18 @@ class Engine:
             self._run_one_by_one()
 
     def _next_waiting(self, room: int, block: bool) -> list[RowHandle] | None:
-        """Up to ``room`` waiting rows; with ``block``, wait for one first. None: stop."""
+        """Up to ``room`` waiting rows, live ones first (background rows only when no
+        live row waits); with ``block``, wait for one first. None: stop."""
         with self._wake:
-            while block and not self._waiting and not self._stopped:
+            while block and not (self._waiting or self._background) and not self._stopped:
                 self._wake.wait()
             if self._stopped:
                 return None
             taken: list[RowHandle] = []
             while self._waiting and len(taken) < room:
                 taken.append(self._waiting.popleft())
+            while self._background and not self._waiting and len(taken) < room:
+                taken.append(self._background.popleft())
             self.stats.queue_length = len(self._waiting)
             return taken
 

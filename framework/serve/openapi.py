@@ -24,6 +24,7 @@ from ..request.openai_ignored import NO_EFFECT, UNSUPPORTED
 from ..version import __version__
 from .chat_page import PAGE_FILES
 from .embeddings_route import EMBEDDING_ANSWER, EMBEDDING_REQUEST
+from .openapi_batches import batch_paths, batch_schemas
 from .responses_api import RESPONSES_FIELDS, accepted_fields
 from .tokenize import (
     DETOKENIZE_ANSWER,
@@ -444,6 +445,7 @@ def openapi_document(
             }
         },
     }
+    paths.update(batch_paths())  # answered 404 without --files-dir, listed all the same
     if web:
         paths.update({path: _page_file(kind) for path, (_, kind) in PAGE_FILES.items()})
     document: dict[str, Any] = {
@@ -467,6 +469,7 @@ def openapi_document(
                 "Model": _MODEL,
                 "ModelList": _MODEL_LIST,
                 "Error": _ERROR,
+                **batch_schemas(),
             }
         },
     }

@@ -18,6 +18,7 @@ import os
 import socket
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 
 import uvicorn
@@ -47,6 +48,7 @@ def main(args: argparse.Namespace) -> int:
         api_key=args.api_key or os.environ.get("ORTGEN_API_KEY") or None,
         max_body_bytes=args.max_body_bytes,
         web=not getattr(args, "no_web", False),
+        files_dir=_files_dir(getattr(args, "files_dir", None)),
     )
     sock = _bind(args.host, args.port)
     config = uvicorn.Config(
@@ -102,6 +104,23 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise OrtgenError(f"--port must be at most 65535, got {args.port}")
     if args.grace < 0:
         raise OrtgenError(f"--grace must be >= 0 seconds, got {args.grace}")
+
+
+def _files_dir(given: str | None) -> Path | None:
+    """``--files-dir``: the folder, made if missing; an error naming it when it cannot be."""
+    if given is None:
+        return None
+    folder = Path(given)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".ortgen-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise OrtgenError(
+            f"--files-dir {given}: cannot write there: {exc.strerror or exc}"
+        ) from None
+    return folder
 
 
 def _bind(host: str, port: int) -> socket.socket:

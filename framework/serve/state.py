@@ -11,10 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 
 from ..errors import ConfigError, InputError
+from .batch_store import BatchStore
+from .batch_worker import BatchWorker
 from .engine import QueueFull, RowHandle, ShuttingDown
 from .errors import RequestError, shutting_down
+from .files_store import FileStore
 from .metrics import HttpStats
 from .model_pool import ModelPool, ServedModel
 from .openai_api import ParsedRequest, check_row
@@ -33,6 +37,7 @@ class ServerState:
         api_key: str | None = None,
         max_body_bytes: int = 1 << 20,
         web: bool = True,
+        files_dir: Path | None = None,
     ) -> None:
         self.models = models
         self.api_key = api_key
@@ -42,6 +47,13 @@ class ServerState:
         self.accepting = True
         self.handles: set[RowHandle] = set()
         self.created = int(time.time())
+        #: the Files and Batches API (``--files-dir``): None when it is off
+        self.files = FileStore(files_dir) if files_dir is not None else None
+        self.batch_worker = (
+            BatchWorker(self.files, BatchStore(files_dir), models)
+            if self.files is not None and files_dir is not None
+            else None
+        )
 
     def admit(self, model: ServedModel, request: ParsedRequest) -> list[RowHandle]:
         """Check every row, then queue them all on ``model``'s engine (or none: a full
