@@ -139,3 +139,28 @@ def test_cli_export_embeddings_of_a_hf_folder(hf_dirs: dict[str, Path], tmp_path
         "embeddings": True,
     }
     assert Variant.from_dict(variant).name == "optimum-fp32-embeddings"
+
+
+def test_a_head_cut_into_parts_still_gives_its_input(
+    hf_dirs: dict[str, Path], tmp_path: Path, monkeypatch
+) -> None:
+    """``head_layout`` cuts a large head into parts joined by a Concat; the edit follows
+    the parts back to the one tensor they all read (cut here at 64 columns a part)."""
+    from transformers import AutoModelForCausalLM
+
+    from ortgen.export import head_layout
+    from ortgen.loop.embedding import hidden_states
+
+    original = head_layout.lay_out_head
+    monkeypatch.setattr(head_layout, "lay_out_head", lambda d: original(d, 64 * 64 * 4))
+    variant = Variant(graph="fused", precision="fp32", embeddings=True)
+    out = export_model(
+        hf_dirs["llama"], tmp_path / "parts", variant=variant, progress=lambda _m: None
+    )
+    graph = onnx.load(out / "model.onnx", load_external_data=False).graph
+    assert next(n for n in graph.node if "logits" in n.output).op_type == "Concat"
+    hf = AutoModelForCausalLM.from_pretrained(hf_dirs["llama"]).eval()
+    with torch.no_grad():
+        ref = hf(torch.tensor([PROMPTS[0]]), output_hidden_states=True).hidden_states[-1][0]
+    states, _ = hidden_states(ortgen.load(out, threads=1).model, [PROMPTS[0]])
+    assert float(np.abs(states[0] - ref.numpy()).max()) < MAX_DIFF

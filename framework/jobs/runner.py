@@ -183,7 +183,8 @@ def _tokens(usage: Mapping[str, int]) -> int:
 
 def embed_options(task: str, embedding: EmbedOptions | None) -> EmbedOptions | None:
     """The job's pooling options when it embeds (the defaults unless given), None when it
-    generates; a task both engines refuse before anything runs."""
+    generates; a bad task (or options for a job that generates) raises before anything
+    runs."""
     if task not in TASKS:
         raise ConfigError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
     if task == "generate":
