@@ -29,6 +29,7 @@ from ortgen.jobs import run_job
 from ortgen.jobs.embedding import EmbedOptions
 from ortgen.jobs.fingerprint import SettingsChanged
 from tests.gguf_models import write_tiny_gguf
+from tests.test_jobs_ray import ray_address  # noqa: F401 (fixture)
 
 ROUNDING = 1e-5
 TEXTS = ["hello world", "a", "a somewhat longer text of several words", "xyz", "hello"]
@@ -287,3 +288,31 @@ def test_bad_embedding_lines_name_the_servers_field(folders: dict[str, Path], ge
     assert line["response"]["status_code"] == 400
     assert line["response"]["body"]["error"]["param"] == "model"
     assert "--embeddings" in line["response"]["body"]["error"]["message"]
+
+
+@pytest.mark.ray
+def test_ray_gives_the_local_engines_lines(folders, gen, ray_address, tmp_path):  # noqa: F811
+    """An embed job on Ray: the same lines as locally, error rows too, then resume."""
+    import subprocess
+
+    from tests.test_jobs_ray import _env, _pipeline, _ray_args
+
+    data = [*rows(), {"id": "bad", "txt": "x"}, {"id": "mean", "text": "hello", "pooling": "mean"}]
+    source = write_jsonl(tmp_path / "in.jsonl", data)
+    local = tmp_path / "local.jsonl"
+    run_job(gen, source, local, task="embed", batch_size=2, window=4, progress=None)
+    pipeline = _pipeline(tmp_path, folders["embeds"], batch_size=2, window=4)
+    out = tmp_path / "ray.jsonl"
+    args = _ray_args(pipeline, source, out, ray_address, "--task", "embed")
+    result = subprocess.run(args, capture_output=True, text=True, timeout=300, env=_env())
+    assert result.returncode == 0, result.stderr
+    assert f"{len(data) - 1} rows ok, 1 errors, 0 skipped" in result.stderr
+    want = {r["id"]: r for r in read_jsonl(local)}
+    got = {r["id"]: r for r in read_jsonl(out)}
+    assert got.keys() == want.keys() and got["bad"] == want["bad"]
+    for key, line in want.items():
+        assert got[key].get("fingerprint") == line.get("fingerprint"), key
+        if "embedding" in line:
+            np.testing.assert_allclose(got[key]["embedding"], line["embedding"], atol=ROUNDING)
+    again = subprocess.run(args, capture_output=True, text=True, timeout=300, env=_env())
+    assert again.returncode == 0 and f"0 errors, {len(data)} skipped" in again.stderr

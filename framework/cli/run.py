@@ -188,7 +188,7 @@ def _checked_job(args: argparse.Namespace) -> tuple[Pipeline, dict[str, Any], li
         flags.append(("--engine", "--address and --workers are for the ray engine (--engine ray)"))
     if args.workers is not None and args.workers < 1:
         flags.append(("--workers", f"--workers must be at least 1, got {args.workers}"))
-    flags.extend(_task_problems(args, pipeline, engine))
+    flags.extend(_task_problems(args, pipeline))
     if not args.dry_run and not args.output:
         flags.append(
             ("--output", "ortgen run needs --output FILE (only --dry-run runs without one)")
@@ -214,9 +214,8 @@ def _embed_options(args: argparse.Namespace, pipeline: Pipeline) -> Any:
     )
 
 
-def _task_problems(args: argparse.Namespace, pipeline: Pipeline, engine: str) -> list[Problem]:
-    """Embedding options (flags, or ``[run]``'s) on a job that generates, a bad one, or an
-    embed job on Ray."""
+def _task_problems(args: argparse.Namespace, pipeline: Pipeline) -> list[Problem]:
+    """Embedding options (flags, or ``[run]``'s) on a job that generates, or a bad one."""
     from ..config.run_options import EMBED_KEYS, RunOptions
 
     task = args.task or pipeline.run.task
@@ -228,8 +227,6 @@ def _task_problems(args: argparse.Namespace, pipeline: Pipeline, engine: str) ->
     ]
     if task != "embed":
         return [(given[0][0], f"{given[0][1]} is for --task embed")] if given else []
-    if engine == "ray":
-        return [("--engine", "--task embed runs on the local engine (not on Ray yet)")]
     try:
         _embed_options(args, pipeline)
     except OrtgenError as exc:
