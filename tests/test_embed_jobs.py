@@ -110,6 +110,10 @@ def test_parquet_output_is_a_float32_list_column(gen: Any, tmp_path: Path) -> No
         want = alone(gen, row, EmbedOptions())
         np.testing.assert_allclose(by_id[row["id"]]["embedding"], want, atol=ROUNDING)
     assert by_id["bad"]["embedding"] is None and "no text" in by_id["bad"]["error"]
+    only_bad = write_jsonl(tmp_path / "bad.jsonl", [{"id": "bad", "txt": "x"}])
+    run_job(gen, only_bad, tmp_path / "bad.parquet", task="embed", progress=None)
+    schema = pq.read_table(tmp_path / "bad.parquet").schema  # an embed job's, rows or not
+    assert schema.field("embedding").type == pa.list_(pa.float32())
 
 
 def test_bad_rows_are_error_rows_and_the_job_goes_on(gen: Any, tmp_path: Path) -> None:

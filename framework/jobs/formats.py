@@ -94,6 +94,9 @@ class EmbedFormat(JobFormat):
         """As read: an embedding row's options do not depend on the job's settings."""
         return row
 
+    def results(self, path: str | Path) -> ResultLog:
+        return open_results(path, embedding=True)
+
 
 def job_format(
     input_path: str | Path,

@@ -88,15 +88,18 @@ def read_parquet_results(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def write_parquet_results(records: list[dict[str, Any]], path: Path) -> None:
+def write_parquet_results(
+    records: list[dict[str, Any]], path: Path, *, embedding: bool = False
+) -> None:
     """Write ``records`` (result lines) as one Parquet table, atomically: a kill leaves
-    either the old file or the new one. Ids of mixed types are stored as text."""
+    either the old file or the new one. Ids of mixed types are stored as text.
+    ``embedding``: an embed job's table (also when its lines say so)."""
     pa, pq = require_pyarrow()
     ids = [r["id"] for r in records]
     if len({type(i) for i in ids}) > 1:
         ids = [str(i) for i in ids]
     id_type = pa.int64() if ids and isinstance(ids[0], int) else pa.string()
-    if any("embedding" in r for r in records):
+    if embedding or any("embedding" in r for r in records):
         columns = _embedding_columns(pa, records)
     else:
         columns = _generation_columns(pa, records)
