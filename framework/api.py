@@ -172,7 +172,7 @@ class TextGenerator:
         """Embeddings of ``texts`` (text or token ids, one or a batch): a (N, D) float32
         array from one forward, the last hidden state pooled over each text's tokens
         (``last`` token or ``mean``), cut to ``dimensions`` and L2-normalised. Needs a
-        graph built to output it (``ortgen export FILE.gguf OUT --embeddings``)."""
+        graph built to output it (``ortgen export SOURCE OUT --embeddings``)."""
         check_embedder(self.model, self.path, pooling, dimensions)
         rows, _, own = self.prompts.encode(texts)
         if any(own):

@@ -26,7 +26,8 @@ from ortgen import OrtgenError
 from ortgen.cli.args import component_spec, key_value, settings_of
 from ortgen.cli.parser import build_parser
 from ortgen.config import resolve
-from ortgen.config.pipeline import _OUTPUT_KEYS, _RUN_DEFAULTS, _TOP_LEVEL, Pipeline, load_pipeline
+from ortgen.config.pipeline import _OUTPUT_KEYS, _TOP_LEVEL, Pipeline, load_pipeline
+from ortgen.config.run_options import _RUN_DEFAULTS
 from ortgen.errors import ConfigError, InputError
 from ortgen.jobs.rows import RowChecker, read_rows
 from ortgen.request.prompts import BATCH_WIDE_SETTINGS

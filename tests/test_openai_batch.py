@@ -269,14 +269,11 @@ def test_a_line_that_cannot_run_is_an_error_line_and_the_job_goes_on(gen, tmp_pa
     status, error = errors["url"]
     assert status == 404 and error["code"] == "unknown_url"
     assert "no route POST /v1/foo" in error["message"]
-    status, error = errors["embeddings"]
-    assert status == 404 and error["code"] == "unsupported_endpoint"
-    assert "/v1/embeddings" in error["message"] and "no embeddings" in error["message"]
-    embeddings = out["embeddings"].error
-    assert embeddings is not None and embeddings.code == "unsupported_endpoint"
+    status, error = errors["embeddings"]  # as the server: this model cannot embed
+    assert status == 400 and "--embeddings" in error["message"]
     params = {name: error["param"] for name, (status, error) in errors.items()}
     assert params == {
-        "url": None, "embeddings": None, "range": "temperature", "typo": "tempreature",
+        "url": None, "embeddings": "model", "range": "temperature", "typo": "tempreature",
         "length": "max_tokens", "get": "method", "n": "n", "stream": "stream",
         "logprobs": "logprobs", "prompts": "prompt", "no-body": "body",
         "no-messages": "messages", "extra": "priority", "wide": "num_beams",

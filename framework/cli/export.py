@@ -42,8 +42,8 @@ def add_command(sub: argparse._SubParsersAction) -> None:
         "up to 32768)"
     )  # fmt: skip
     p.add_argument(
-        "--embeddings", action="store_true", help="GGUF: also output the last hidden state "
-        "(gen.embed(), POST /v1/embeddings)"
+        "--embeddings", action="store_true", help="also output the last hidden state "
+        "(gen.embed(), POST /v1/embeddings; any SOURCE and graph)"
     )  # fmt: skip
     p.set_defaults(func=cmd_export, one_shot=False)  # files being written: a normal exit
 
@@ -75,12 +75,6 @@ def cmd_export(args: argparse.Namespace) -> int:
         and (args.precision in (None, *BUILDER_PRECISIONS))
     ):
         return _build_gguf(args, source, out)
-    if args.embeddings:
-        raise OrtgenError(
-            "--embeddings is an option of ortgen's GGUF builder: pass a .gguf SOURCE, with "
-            "--graph fused and --precision exact or fp32 (the export extra's graphs cannot "
-            "output the hidden state yet)"
-        )
     return _export_with_extra(args)
 
 
@@ -123,6 +117,7 @@ def _export_with_extra(args: argparse.Namespace) -> int:
         accuracy_level=(
             DEFAULT_VARIANT.accuracy_level if args.accuracy_level is None else args.accuracy_level
         ),
+        embeddings=args.embeddings,
     )
     export_model(
         args.source, args.out, variant=variant, progress=print_progress, overwrite=args.overwrite

@@ -10,8 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config.pipeline import ENGINES
+from ..config.run_options import ENGINES, TASKS
 from ..errors import ConfigError, OrtgenError, Problem
+from ..loop.embedding import POOLINGS
 from .args import add_generation_flags, add_model_flags, plugins_of, settings_of
 from .structured import add_structured_flags
 
@@ -42,6 +43,18 @@ def add_command(sub: argparse._SubParsersAction) -> None:
         default="auto",
         help="ortgen rows or OpenAI batch lines (default auto: by the first line)",
     )
+    p.add_argument(
+        "--task", choices=TASKS, help="generate (default: [run] task) or embed each row's text"
+    )
+    p.add_argument("--pooling", choices=POOLINGS, help="--task embed: last (default) or mean")
+    p.add_argument(
+        "--dimensions", type=int, metavar="N", help="--task embed: keep the first N components"
+    )
+    p.add_argument(
+        "--normalize",
+        action=argparse.BooleanOptionalAction,
+        help="--task embed: L2-normalise each vector (default: yes)",
+    )
     p.add_argument("--dry-run", action="store_true", help="check pipeline and rows; no model")
     p.add_argument(
         "--rerun-changed",
@@ -65,6 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     engine = args.engine or pipeline.run.engine
     address = args.address if args.address is not None else pipeline.run.address
     workers = args.workers if args.workers is not None else pipeline.run.workers
+    task = args.task or pipeline.run.task
     if args.dry_run:
         from ..jobs.dry_run import dry_run
 
@@ -75,6 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             model=args.model,
             engine=engine,
             input_format=args.input_format,
+            task=task,
         )
         print("\n".join(lines))
         return 0 if good else 2
@@ -113,6 +128,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             progress=sys.stderr,
             input_format=args.input_format,
             rerun_changed=args.rerun_changed,
+            **(
+                {"task": task, "embedding": _embed_options(args, pipeline)}
+                if task == "embed"
+                else {}
+            ),
         )
     except (KeyboardInterrupt, _Terminated) as stop:
         name = "SIGTERM" if isinstance(stop, _Terminated) else "SIGINT"
@@ -168,6 +188,7 @@ def _checked_job(args: argparse.Namespace) -> tuple[Pipeline, dict[str, Any], li
         flags.append(("--engine", "--address and --workers are for the ray engine (--engine ray)"))
     if args.workers is not None and args.workers < 1:
         flags.append(("--workers", f"--workers must be at least 1, got {args.workers}"))
+    flags.extend(_task_problems(args, pipeline))
     if not args.dry_run and not args.output:
         flags.append(
             ("--output", "ortgen run needs --output FILE (only --dry-run runs without one)")
@@ -175,18 +196,50 @@ def _checked_job(args: argparse.Namespace) -> tuple[Pipeline, dict[str, Any], li
     if not _is_file(args.input):  # before the model loads, not after
         flags.append(("--input", f"input file {args.input} does not exist"))
     else:
-        flags.extend(_format_problems(args))
+        flags.extend(_format_problems(args, args.task or pipeline.run.task))
     if problems or flags:
         raise pipeline_error(args.pipeline, problems, flags)
     return pipeline, settings, plugins
 
 
-def _format_problems(args: argparse.Namespace) -> list[Problem]:
+def _embed_options(args: argparse.Namespace, pipeline: Pipeline) -> Any:
+    """An embed job's pooling options: the flags over ``[run]``'s."""
+    from ..jobs.embedding import EmbedOptions
+
+    run = pipeline.run
+    return EmbedOptions(
+        pooling=args.pooling or run.pooling,
+        normalize=run.normalize if args.normalize is None else args.normalize,
+        dimensions=run.dimensions if args.dimensions is None else args.dimensions,
+    )
+
+
+def _task_problems(args: argparse.Namespace, pipeline: Pipeline) -> list[Problem]:
+    """Embedding options (flags, or ``[run]``'s) on a job that generates, or a bad one."""
+    from ..config.run_options import EMBED_KEYS, RunOptions
+
+    task = args.task or pipeline.run.task
+    given = [(f"--{k}", f"--{k}") for k in EMBED_KEYS if getattr(args, k) is not None]
+    given += [
+        (f"run.{k}", f"[run] {k}")
+        for k in EMBED_KEYS
+        if getattr(pipeline.run, k) != getattr(RunOptions(), k)
+    ]
+    if task != "embed":
+        return [(given[0][0], f"{given[0][1]} is for --task embed")] if given else []
+    try:
+        _embed_options(args, pipeline)
+    except OrtgenError as exc:
+        return [(given[0][0] if given else "--task", f"command line: {exc}")]
+    return []
+
+
+def _format_problems(args: argparse.Namespace, task: str) -> list[Problem]:
     """The input's format, and an output it cannot write (OpenAI lines as Parquet)."""
     from ..jobs.formats import job_format
 
     try:
-        fmt = job_format(args.input, args.input_format)
+        fmt = job_format(args.input, args.input_format, task=task)
         if not args.dry_run and args.output:
             fmt.results(args.output)
     except ConfigError as exc:

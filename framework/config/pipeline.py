@@ -26,8 +26,10 @@ json_schema = "person.json"   # or json_object = true
 ```
 
 ``[run]`` also takes ``window``, ``engine`` ("local" or "ray"), and for the ray engine
-``address`` and ``workers``. ``[output]`` sets the ``json_schema`` (or ``json_object``)
-setting of the pipeline layer, with the schema read when the file is loaded, so the
+``address`` and ``workers``; ``task`` ("generate", or "embed": each row's text embedded,
+pooled as ``pooling``, ``normalize`` and ``dimensions`` say, as ``gen.embed`` takes them:
+``run_options.py``). ``[output]`` sets the ``json_schema`` (or ``json_object``) setting
+of the pipeline layer, with the schema read when the file is loaded, so the
 pipeline carries it wherever it goes (a Ray worker's folder is not this one).
 
 The file is read and checked when it is loaded, and every problem is reported at once
@@ -62,32 +64,21 @@ from .fields import (
     UNSUPPORTED_HF_FIELDS,
 )
 from .layers import resolve
+from .run_options import ENGINES, RunOptions, read_run
 
-__all__ = ["Pipeline", "RunOptions", "check_pipeline", "load_pipeline", "pipeline_error"]
+__all__ = [
+    "ENGINES",
+    "Pipeline",
+    "RunOptions",
+    "check_pipeline",
+    "load_pipeline",
+    "pipeline_error",
+]
 
 #: Component tables: TOML key -> (registry kind, one component or a list)
 _COMPONENTS = {key: (kind, key in COMPONENT_LISTS) for key, kind in COMPONENT_KINDS.items()}
 _TOP_LEVEL = ("model", "generation", "plugins", "run", "output", *_COMPONENTS)
 _OUTPUT_KEYS = ("json_schema", "json_object")
-_RUN_DEFAULTS: dict[str, Any] = {
-    "batch_size": 8,
-    "engine": "local",
-    "window": 256,
-    "address": None,
-    "workers": 1,
-}
-ENGINES = ("local", "ray")
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """``[run]``: how ``ortgen run`` works through an input file."""
-
-    batch_size: int = 8  # rows per generate call
-    engine: str = "local"  # "local" or "ray"
-    window: int = 256  # rows read ahead and sorted by length, for less padding
-    address: str | None = None  # ray engine: the cluster to join (None: a local Ray)
-    workers: int = 1  # ray engine: actors, each with the model loaded once
 
 
 @dataclass(frozen=True)
@@ -217,7 +208,7 @@ def _check(
             spec = _components(key, kind, many, data[key], problems)
             if spec is not None:
                 settings[key] = spec
-    run = _run(data.get("run", {}), problems)
+    run = read_run(data.get("run", {}), problems)
     output = _output(data["output"], path, settings, problems) if "output" in data else {}
     settings.update(output)
     problems.extend(_value_problems(settings, output))
@@ -301,39 +292,6 @@ def _components(key: str, kind: str, many: bool, value: Any, problems: list[Prob
             continue
         specs.append(dict(item))
     return specs if many else (specs[0] if specs else None)
-
-
-def _run(table: Any, problems: list[Problem]) -> RunOptions:
-    if not isinstance(table, Mapping):
-        problems.append(("run", f"[run] must be a table, got {table!r}"))
-        return RunOptions()
-    values = dict(_RUN_DEFAULTS)
-    for key, value in table.items():
-        if key not in _RUN_DEFAULTS:
-            hint = did_you_mean(key, list(_RUN_DEFAULTS))
-            problems.append((f"run.{key}", f"[run] {key}: unknown option{hint}"))
-            continue
-        values[key] = value
-    address = values["address"]
-    if address is not None and not (isinstance(address, str) and address):
-        problems.append(
-            ("run.address", f"[run] address must be HOST:PORT (a string), got {address!r}")
-        )
-        values["address"] = None
-    for key in ("batch_size", "window", "workers"):
-        value = values[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            problems.append((f"run.{key}", f"[run] {key} must be an integer >= 1, got {value!r}"))
-            values[key] = _RUN_DEFAULTS[key]
-    if values["engine"] != "ray" and (values["address"] is not None or values["workers"] != 1):
-        problems.append(
-            ("run.engine", '[run] address and workers are for the ray engine: set engine = "ray"')
-        )
-    if values["engine"] not in ENGINES:
-        message = f"[run] engine must be one of {', '.join(ENGINES)}, got {values['engine']!r}"
-        problems.append(("run.engine", message))
-        values["engine"] = "local"
-    return RunOptions(**values)
 
 
 def _output(

@@ -68,7 +68,8 @@ def export_model(
     """Export ``source`` (an HF model folder or a ``.gguf`` file) to the ONNX folder ``out``.
 
     The model is exported as ``variant`` (default: the fused int4 graph), one graph
-    with past-key-value inputs and outputs. A ``.gguf`` source goes through a dequantised
+    with past-key-value inputs and outputs (and, with ``variant.embeddings``, the
+    ``hidden_states`` output ``gen.embed()`` pools). A ``.gguf`` source goes through a dequantised
     transformers folder, so its weights are the variant's (fp32, or re-quantised to
     int8/int4); ortgen's GGUF builder (``ortgen export FILE.gguf OUT``,
     ``ortgen.load("FILE.gguf")``) keeps the file's own. Its tokenizer is the builder's
@@ -115,6 +116,11 @@ def export_model(
                 from .quantize import quantize_matmuls
 
                 quantize_matmuls(built / "model.onnx", variant, source=source)
+        if variant.embeddings:  # one edit for both families, after their own
+            from ..gguf.decoder import HIDDEN_OUTPUT
+            from .graph_editor import add_hidden_output
+
+            add_hidden_output(built / "model.onnx", HIDDEN_OUTPUT)
         # After optimum, which saves the tokenizer its own way: ours replaces it.
         save_tokenizer(hf_dir, built, source=source, progress=progress)
         _check_loads(built, source)

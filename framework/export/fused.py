@@ -23,6 +23,7 @@ from unittest import mock
 from ..errors import ExportError
 from ..model.session import KEEP_INPUT
 from ..util.jsonfile import read_json_object
+from .graph_editor import LAST_POSITIONS, lm_head
 from .quiet import quiet
 from .variant import Variant
 
@@ -132,22 +133,11 @@ def prune_lm_head(graph: Path) -> None:
     from onnx import TensorProto, helper
 
     model = onnx.load(str(graph), load_external_data=False)
+    hidden, matmul_heads = lm_head(model.graph, graph)
     producers = {out: node for node in model.graph.node for out in node.output}
-    head = producers.get("logits")
-    # the LM head, or its parts along the vocabulary joined by a Concat (head_layout)
-    if head is not None and head.op_type == "Concat":
-        heads = [producers.get(part) for part in head.input]
-    else:
-        heads = [head]
-    matmuls = ("MatMul", "MatMulNBits")
-    matmul_heads = [h for h in heads if h is not None and h.op_type in matmuls]
-    if len(matmul_heads) != len(heads) or len({h.input[0] for h in matmul_heads}) != 1:
-        found = head.op_type if head is not None else "nothing"
-        raise ExportError(f"{graph}: 'logits' is made by {found}, not an LM-head MatMul")
-    hidden = matmul_heads[0].input[0]
     if producers.get(hidden) is not None and producers[hidden].op_type == "Slice":
         return  # already pruned
-    last = f"{hidden}/last_positions"
+    last = f"{hidden}{LAST_POSITIONS}"
     model.graph.input.append(helper.make_tensor_value_info(KEEP_INPUT, TensorProto.INT64, [1]))
     names = []
     for key, value in (("ends", 2**62), ("axes", 1)):

@@ -7,20 +7,27 @@ MatMulNBits) and ``split_columns`` (a float MatMul) cut the head along N into pa
 by a Concat. Edits are collected and applied in one pass by ``GraphEditor.finish`` so node
 order stays topological. onnx is passed in, not imported, so that ``import ortgen`` stays
 light.
+
+``lm_head`` finds what every exported graph's LM head reads (the last layer's state after
+the final norm), for the two edits made of it: the fused graphs' ``prune_lm_head`` and
+``add_hidden_output`` (``ortgen export --embeddings``, on either graph family).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..errors import ExportError
 
-__all__ = ["GraphEditor"]
+__all__ = ["GraphEditor", "add_hidden_output", "lm_head"]
 
 # split_rows cuts N at multiples of this many rows (see there)
 _SPLIT_TILE = 64
+#: ``prune_lm_head``'s slice between the final norm and the LM head: ``{hidden}`` + this
+LAST_POSITIONS = "/last_positions"
 
 
 class GraphEditor:
@@ -283,3 +290,62 @@ def _set_int_attr(helper: Any, node: Any, name: str, value: int) -> None:
         if a.name == name:
             node.attribute.remove(a)
     node.attribute.append(helper.make_attribute(name, value))
+
+
+def lm_head(graph: Any, where: Any = "the graph") -> tuple[str, list[Any]]:
+    """(the tensor the LM head reads, the head's MatMul or MatMulNBits nodes): the node
+    that makes ``logits``, or its parts along the vocabulary joined by a Concat
+    (``head_layout``), all reading one tensor. Raises ExportError for any other head (a
+    soft-capped one, say), naming what makes ``logits``."""
+    producers = {out: node for node in graph.node for out in node.output}
+    head = producers.get("logits")
+    heads = [head]
+    if head is not None and head.op_type == "Concat":
+        heads = [producers.get(part) for part in head.input]
+    matmuls = [h for h in heads if h is not None and h.op_type in ("MatMul", "MatMulNBits")]
+    if not matmuls or len(matmuls) != len(heads) or len({h.input[0] for h in matmuls}) != 1:
+        found = head.op_type if head is not None else "nothing"
+        raise ExportError(f"{where}: 'logits' is made by {found}, not an LM-head MatMul")
+    return matmuls[0].input[0], matmuls
+
+
+def add_hidden_output(graph_path: Path, name: str) -> bool:
+    """Make the graph at ``graph_path`` also output ``name`` (B, T, hidden): the last
+    layer's state after the final norm, every position of it, as the LM head reads it
+    (before ``prune_lm_head``'s slice to the last positions, when there is one). An
+    Identity node, so nothing else in the graph changes; the weights file is untouched.
+    False when the graph already has the output."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(graph_path), load_external_data=False)
+    graph = model.graph
+    if any(o.name == name for o in graph.output):
+        return False
+    hidden, heads = lm_head(graph, graph_path)
+    producers = {out: node for node in graph.node for out in node.output}
+    cut = producers.get(hidden)
+    if cut is not None and cut.op_type == "Slice" and cut.name.endswith(f"{LAST_POSITIONS}/Slice"):
+        hidden = cut.input[0]
+    graph.node.append(helper.make_node("Identity", [hidden], [name], name=f"/model/{name}"))
+    shape: list[Any] = ["batch_size", "sequence_length", _head_width(heads[0], graph)]
+    graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
+    onnx.save(model, str(graph_path))
+    return True
+
+
+def _head_width(head: Any, graph: Any) -> int | str:
+    """The hidden size the LM head reads (K): MatMulNBits' attribute, a float head's
+    (K, N) weight, or the (N, K) table it transposes (a tied head); a symbolic name when
+    the graph does not say it."""
+    if head.op_type == "MatMulNBits":
+        return _int_attr(head, "K")
+    inits = {t.name: t for t in graph.initializer}
+    weight, column = inits.get(head.input[1]), 0
+    if weight is None:
+        view = next((n for n in graph.node if head.input[1] in n.output), None)
+        if view is not None and view.op_type == "Transpose":
+            weight, column = inits.get(view.input[0]), 1
+    if weight is None or len(weight.dims) != 2:
+        return "hidden_size"
+    return int(weight.dims[column])

@@ -31,12 +31,17 @@ class Variant:
         block_size: weights per quantisation block (int8/int4).
         accuracy_level: MatMulNBits' activation precision: 4 = int8 activations (fastest
             on CPUs with int8 dot products), 0 = as the input (fp32).
+        embeddings: the graph also outputs ``hidden_states`` (B, T, hidden), the last
+            layer's state after the final norm, as the LM head reads it (``gen.embed()``,
+            ``POST /v1/embeddings``); recorded only when set, so other exports' manifests
+            are as before.
     """
 
     graph: str = "fused"
     precision: str = "int4"
     block_size: int = 32
     accuracy_level: int = 4
+    embeddings: bool = False
 
     def __post_init__(self) -> None:
         problems = []
@@ -55,6 +60,8 @@ class Variant:
             problems.append(f"block size {self.block_size} is not one of {sizes}")
         if self.accuracy_level not in (0, 1, 2, 3, 4):
             problems.append(f"accuracy level {self.accuracy_level} is not in 0..4")
+        if not isinstance(self.embeddings, bool):
+            problems.append(f"embeddings must be true or false, got {self.embeddings!r}")
         if problems:
             raise ExportError("bad export variant: " + "; ".join(problems))
 
@@ -70,14 +77,20 @@ class Variant:
             label += f"-b{self.block_size}"
         if self.precision != "fp32" and self.accuracy_level != 4:
             label += f"-a{self.accuracy_level}"
+        if self.embeddings:
+            label += "-embeddings"
         return label
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        values = asdict(self)
+        if not self.embeddings:
+            del values["embeddings"]
+        return values
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Variant:
         known = {k: data[k] for k in ("graph", "precision", "block_size", "accuracy_level")}
+        known["embeddings"] = data.get("embeddings", False)
         return cls(**{k: v for k, v in known.items() if v is not None})
 
 

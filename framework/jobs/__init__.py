@@ -7,6 +7,7 @@
 - ``dry_run``: ``ortgen run --dry-run``, the pipeline and the rows checked, no model;
 - ``results``: the append-only output that a killed job resumes from;
 - ``runner``: batching, sorting by length, retrying a failed batch row by row;
+- ``embedding``: embedding rows (``task = "embed"``, OpenAI's ``/v1/embeddings`` lines);
 - ``ray_engine``: the same rows on a pool of Ray actors (imports Ray only when it runs);
 - ``progress``: the live line on a terminal and the summary.
 """

@@ -37,10 +37,12 @@ def dry_run(
     model: str | Path | None = None,
     engine: str = "local",
     input_format: str | None = None,
+    task: str = "generate",
 ) -> tuple[list[str], bool]:
     """The report's lines, and whether everything is good. Raises ConfigError when the
-    job's own settings are bad (no row could run). ``input_format`` as ``run_job`` takes
-    it; OpenAI batch lines are checked as the rows their bodies make."""
+    job's own settings are bad (no row could run). ``input_format`` and ``task`` as
+    ``run_job`` takes them; OpenAI batch lines are checked as the rows their bodies make,
+    an embed job's rows as texts to embed."""
     layers = [("pipeline", pipeline.settings)]
     job = config_mod.resolve([*layers, ("call", dict(settings))]).config
     warnings = cut_before_constraint(job)
@@ -61,7 +63,7 @@ def dry_run(
     model = model or pipeline.model_path()
     if model is not None and not has_model_config(model):
         problems.append(f"model {not_a_model_folder(model)}")
-    fmt = job_format(input_path, input_format)
+    fmt = job_format(input_path, input_format, task=task)
     report = fmt.scan(input_path, check_settings)
     where = pipeline.path or "pipeline"
     bad = report.problems

@@ -41,6 +41,7 @@ from ..model.paths import default_model_dir
 from ..plugin_host.chains import processor_specs, sampler_spec
 from ..request.prompts import ROW_PROMPT_KEYS
 from ..structured.settings import constraint
+from .embedding import EMBED_INPUT, EmbedOptions
 from .results import FINGERPRINT
 from .rows import InputRow, id_key
 
@@ -65,6 +66,8 @@ _RECORD_SUFFIX = ".run.json"
 _PRINTS_SUFFIX = ".prints.jsonl"
 _SHOWN = 40  # longest value written out in a message
 _DEFAULTS = config_mod.GenerationConfig().to_dict()
+#: a row's input, not its settings: what a row's fingerprint leaves out
+_INPUT_KEYS = (*ROW_PROMPT_KEYS, EMBED_INPUT)
 
 
 class SettingsChanged(OutputError):
@@ -88,17 +91,31 @@ class JobPrint:
         """The fingerprint of ``row``'s result: the job's, and the row's own settings when
         it has some (a row that is not even JSON has none)."""
         request = row.request or {}
-        own = {k: v for k, v in request.items() if k not in ROW_PROMPT_KEYS}
+        own = {k: v for k, v in request.items() if k not in _INPUT_KEYS}
         return _hash([self.id, own]) if own else self.id
 
 
 def job_print(
-    model: str | Path | None, pipeline: Mapping[str, Any], settings: Mapping[str, Any]
+    model: str | Path | None,
+    pipeline: Mapping[str, Any],
+    settings: Mapping[str, Any],
+    *,
+    embedding: EmbedOptions | None = None,
 ) -> JobPrint:
     """The fingerprint of a job on ``model`` (None: the default model) with the pipeline
     layer ``pipeline`` and the job's own ``settings``. The model's own config files are
     not resolved here (a Ray driver does not load the model): they are part of the
-    model's identity."""
+    model's identity. An embed job's (``embedding``: its pooling options) covers the
+    model and those options, not the generation settings its rows do not use."""
+    if embedding is not None:
+        record = {
+            "format": OUTPUT_FORMAT,
+            "task": "embed",
+            "model": model_identity(model),
+            "settings": embedding.to_dict(),
+            "chain": [],
+        }
+        return JobPrint(_as_stored(record), _hash(record))
     with warnings.catch_warnings():  # the job resolved these settings already, and warned
         warnings.simplefilter("ignore")
         layers = [("pipeline", dict(pipeline)), ("call", dict(settings))]
@@ -233,6 +250,10 @@ def _differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> Iterable[str
     default of the library, a processor's parameters this ortgen sets otherwise)."""
     if old.get("format") != new["format"]:
         yield f"ortgen's output format changed from {old.get('format')} to {new['format']}"
+    if old.get("task", "generate") != new.get("task", "generate"):
+        task = new.get("task", "generate")
+        yield f"the task changed from {old.get('task', 'generate')} to {task}"
+        return
     if old.get("model") != new["model"]:
         yield _model_change(old.get("model") or {}, new["model"])
     before, after = old.get("settings") or {}, new["settings"]

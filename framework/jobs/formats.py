@@ -5,6 +5,9 @@
 - ``openai``: OpenAI's batch input lines, answered with OpenAI's batch output lines
   (``openai_batch.py``), JSONL.
 
+An embed job (``task = "embed"``) reads ortgen's rows as :class:`EmbedFormat`: a text each
+(``embedding.py``); an OpenAI line's url says its task itself.
+
 Both run through the same engines (``runner.RowRunner``, the ray engine): a format only
 reads its lines into :class:`InputRow` s, says which problems stop a job before it
 starts, and opens the output that writes and resumes its lines. ``auto`` (the default)
@@ -19,10 +22,11 @@ from pathlib import Path
 
 from ..errors import ConfigError, InputError
 from .check import InputReport, scan_rows
+from .embedding import EmbedRowChecker
 from .results import ResultLog, open_results
 from .rows import InputRow, RowChecker, SettingsCheck, is_parquet, read_rows
 
-__all__ = ["INPUT_FORMATS", "JobFormat", "job_format", "model_name"]
+__all__ = ["INPUT_FORMATS", "EmbedFormat", "JobFormat", "job_format", "model_name"]
 
 #: what ``--input-format`` takes
 INPUT_FORMATS = ("auto", "ortgen", "openai")
@@ -74,19 +78,48 @@ class JobFormat:
         return open_results(path)
 
 
+class EmbedFormat(JobFormat):
+    """ortgen's rows in an embed job: a text each (``embedding.EmbedRowChecker``), one
+    embedding line each."""
+
+    def rows(
+        self, path: str | Path, check_settings: SettingsCheck | None = None
+    ) -> Iterator[InputRow]:
+        return read_rows(path, EmbedRowChecker())
+
+    def checker(self, check_settings: SettingsCheck | None = None) -> RowChecker:
+        return EmbedRowChecker()
+
+    def recheck(self, row: InputRow, checker: RowChecker) -> InputRow:
+        """As read: an embedding row's options do not depend on the job's settings."""
+        return row
+
+    def results(self, path: str | Path) -> ResultLog:
+        return open_results(path, embedding=True)
+
+
 def job_format(
-    input_path: str | Path, given: str | None = None, *, model: str = "ortgen"
+    input_path: str | Path,
+    given: str | None = None,
+    *,
+    model: str = "ortgen",
+    task: str = "generate",
 ) -> JobFormat:
     """The format of ``input_path``: ``given`` (one of :data:`INPUT_FORMATS`; None is
     ``auto``), or what its first line looks like. ``model`` names the model in an OpenAI
-    answer body."""
+    answer body; ``task`` (``"embed"``) makes ortgen's rows texts to embed."""
     name = given or "auto"
     if name not in INPUT_FORMATS:
         raise ConfigError(f"input format must be one of {', '.join(INPUT_FORMATS)}, got {name!r}")
     if name == "auto":
         name = "openai" if _looks_like_openai(Path(input_path)) else "ortgen"
     if name == "ortgen":
-        return JobFormat()
+        return EmbedFormat() if task == "embed" else JobFormat()
+    if task == "embed":
+        raise ConfigError(
+            f"{input_path} holds OpenAI batch lines, whose url says their task: leave out "
+            'task = "embed" (a /v1/embeddings line is embedded as the server embeds it)'
+        )
     if is_parquet(input_path):
         raise ConfigError(
             f"{input_path}: OpenAI batch input is JSONL (one request object per line), not Parquet"

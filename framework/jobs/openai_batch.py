@@ -16,8 +16,13 @@ the body the ``chat.completion`` or ``text_completion`` the server would answer
 (``ortgen.request.openai_answer``). A line that cannot run is answered with the error
 body the server would give (``{"error": {"message", "type", "param", "code"}}``, its
 status) and ``"error": {"code", "message"}``: an unknown url with 404, a bad field with
-400 naming it. ``/v1/embeddings``, ``/v1/responses`` and ``/v1/moderations`` lines are
-such error lines: ortgen has no embeddings, Responses API or moderation model.
+400 naming it. ``/v1/responses`` and ``/v1/moderations`` lines are such error lines.
+
+A ``/v1/embeddings`` line's body is read as the server reads it
+(``ortgen.request.openai_embeddings``), its texts embedded by ``gen.embed`` (batched with
+other such lines: ``embedding.RowEmbedder``), and answered with the embeddings object
+the server would answer (floats or base64 as it asks); a model that cannot embed is a
+400 naming ``model``, as there.
 
 Fingerprints (``fingerprint.py``) apply as to any output, but an output line gets no
 ``"fingerprint"`` key (its shape is OpenAI's): :class:`BatchOutput` keeps each row's in
@@ -51,25 +56,34 @@ from ..request.openai_body import (
     completion_fields,
     prediction_text,
 )
+from ..request.openai_embeddings import embedding_body, embeddings_object
 from ..request.openai_errors import RequestError, no_route, request_error
+from .embedding import EMBED_INPUT, is_embedding
 from .fingerprint import prints_path
 from .formats import JobFormat
 from .results import FINGERPRINT, ResultLog
 from .rows import InputRow, RowChecker, SettingsCheck, id_key, is_parquet, read_rows
 
-__all__ = ["CHAT_URL", "COMPLETIONS_URL", "BatchOutput", "OpenAIBatch", "line_request"]
+__all__ = [
+    "CHAT_URL",
+    "COMPLETIONS_URL",
+    "EMBEDDINGS_URL",
+    "BatchOutput",
+    "OpenAIBatch",
+    "line_request",
+]
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
+EMBEDDINGS_URL = "/v1/embeddings"
 #: the keys of a batch input line
 LINE_KEYS = ("custom_id", "method", "url", "body")
 #: endpoints OpenAI's batch API takes that ortgen does not answer, and why
 NOT_HERE = {
-    "/v1/embeddings": "ortgen has no embeddings yet (it generates text)",
     "/v1/responses": "ortgen has no Responses API; send the request to /v1/chat/completions",
     "/v1/moderations": "ortgen runs no moderation model",
 }
-_ANSWERED = f"ortgen run answers {CHAT_URL} and {COMPLETIONS_URL} lines"
+_ANSWERED = f"ortgen run answers {CHAT_URL}, {COMPLETIONS_URL} and {EMBEDDINGS_URL} lines"
 
 
 class OpenAIBatch(JobFormat):
@@ -146,7 +160,8 @@ class LineChecker(RowChecker):
         this checker has the check), an error named by the body's field as the server
         names it (``meta["names"]``: setting -> field). A Ray worker checks again here."""
         try:
-            self._check(request)
+            if not is_embedding(request):  # an embedding body was read whole already
+                self._check(request)
         except OrtgenError as exc:
             prompt = "messages" if "messages" in request else "prompt"
             error = request_error(exc, meta["names"], prompt=prompt)
@@ -184,12 +199,25 @@ def line_request(line: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str
         error = no_route("POST", url, f"{NOT_HERE[url]}; {_ANSWERED}")
         error.code = "unsupported_endpoint"
         raise error
-    if url not in (CHAT_URL, COMPLETIONS_URL):
+    if url not in (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL):
         raise no_route("POST", url, _ANSWERED)
     body = line.get("body")
     if not isinstance(body, Mapping):
         raise RequestError(f"body must be the JSON object of a {url} request", param="body")
+    if url == EMBEDDINGS_URL:
+        return _embedding_row(body)
     return _chat_row(body) if url == CHAT_URL else _completion_row(body)
+
+
+def _embedding_row(body: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """An embedding request's row (``embedding.is_embedding``), the body read as the
+    server reads it."""
+    fields = embedding_body(body)
+    row: dict[str, Any] = {EMBED_INPUT: fields.inputs, "pooling": fields.pooling}
+    if fields.dimensions is not None:
+        row["dimensions"] = fields.dimensions
+    row["encoding_format"] = fields.encoding_format
+    return row, {key: key for key in row}
 
 
 def _chat_row(body: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -322,6 +350,11 @@ def output_line(record: dict[str, Any], model: str) -> dict[str, Any]:
     meta = record.get("meta") or {}
     if "error" in record:
         return _failed(record["id"], record["error"], meta)
+    if "embeddings" in record:
+        tokens = record["usage"]["prompt_tokens"]
+        vectors = record["embeddings"]
+        body = embeddings_object(vectors, record["encoding_format"], model, tokens)
+        return _line(record["id"], {"status_code": 200, "request_id": _request_id(), "body": body})
     text = record.get("text")
     if text is None:  # token ids in, token ids out: an OpenAI answer is text
         why = "the model has no tokenizer, so its answer has no text for an OpenAI body"

@@ -9,7 +9,9 @@ where a string column holds any of them. A chat job's rows may add
 ``reasoning_content`` (text) and ``tool_calls`` (a list of OpenAI's call structs, the
 arguments as the JSON text the model wrote); like ``parsed``, each column is there only
 when some row has it, so a job without them keeps its schema. ``fingerprint`` (text) is
-what each row was done under (``fingerprint.py``).
+what each row was done under (``fingerprint.py``). An embed job's table is ``id``,
+``embedding`` (a list of float32), ``usage`` (``prompt_tokens``), ``fingerprint`` and
+``error``.
 """
 
 from __future__ import annotations
@@ -86,28 +88,22 @@ def read_parquet_results(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def write_parquet_results(records: list[dict[str, Any]], path: Path) -> None:
+def write_parquet_results(
+    records: list[dict[str, Any]], path: Path, *, embedding: bool = False
+) -> None:
     """Write ``records`` (result lines) as one Parquet table, atomically: a kill leaves
-    either the old file or the new one. Ids of mixed types are stored as text."""
+    either the old file or the new one. Ids of mixed types are stored as text.
+    ``embedding``: an embed job's table (also when its lines say so)."""
     pa, pq = require_pyarrow()
     ids = [r["id"] for r in records]
     if len({type(i) for i in ids}) > 1:
         ids = [str(i) for i in ids]
-    usage = pa.struct([("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64())])
     id_type = pa.int64() if ids and isinstance(ids[0], int) else pa.string()
-    columns = {
-        "id": pa.array(ids, type=id_type),
-        "text": pa.array([r.get("text") for r in records], type=pa.string()),
-        **_chat_columns(pa, records),
-        "tokens": pa.array([r.get("tokens") for r in records], type=pa.list_(pa.int64())),
-        "finish_reason": pa.array([r.get("finish_reason") for r in records], pa.string()),
-        "usage": pa.array([r.get("usage") for r in records], type=usage),
-    }
-    if any("parsed" in r for r in records):  # only a JSON job has the column
-        parsed = [
-            json.dumps(r["parsed"], ensure_ascii=False) if "parsed" in r else None for r in records
-        ]
-        columns["parsed"] = pa.array(parsed, type=pa.string())
+    if embedding or any("embedding" in r for r in records):
+        columns = _embedding_columns(pa, records)
+    else:
+        columns = _generation_columns(pa, records)
+    columns = {"id": pa.array(ids, type=id_type), **columns}
     if any("fingerprint" in r for r in records):  # the settings each row was done under
         prints = [r.get("fingerprint") for r in records]
         columns["fingerprint"] = pa.array(prints, type=pa.string())
@@ -122,6 +118,33 @@ def write_parquet_results(records: list[dict[str, Any]], path: Path) -> None:
     except BaseException:
         partial.unlink(missing_ok=True)  # a full disk: do not leave half a table behind
         raise
+
+
+def _embedding_columns(pa: Any, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """An embed job's columns (``embedding.py``): the vectors as float32, as computed."""
+    usage = pa.struct([("prompt_tokens", pa.int64())])
+    return {
+        "embedding": pa.array([r.get("embedding") for r in records], pa.list_(pa.float32())),
+        "usage": pa.array([r.get("usage") for r in records], type=usage),
+    }
+
+
+def _generation_columns(pa: Any, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """A generation job's columns, ``parsed`` and the chat columns when some row has them."""
+    usage = pa.struct([("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64())])
+    columns = {
+        "text": pa.array([r.get("text") for r in records], type=pa.string()),
+        **_chat_columns(pa, records),
+        "tokens": pa.array([r.get("tokens") for r in records], type=pa.list_(pa.int64())),
+        "finish_reason": pa.array([r.get("finish_reason") for r in records], pa.string()),
+        "usage": pa.array([r.get("usage") for r in records], type=usage),
+    }
+    if any("parsed" in r for r in records):  # only a JSON job has the column
+        parsed = [
+            json.dumps(r["parsed"], ensure_ascii=False) if "parsed" in r else None for r in records
+        ]
+        columns["parsed"] = pa.array(parsed, type=pa.string())
+    return columns
 
 
 def _chat_columns(pa: Any, records: list[dict[str, Any]]) -> dict[str, Any]:

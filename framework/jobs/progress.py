@@ -22,7 +22,7 @@ class JobSummary:
     rows_ok: int = 0
     errors: int = 0
     skipped: int = 0  # already in the output from an earlier run
-    tokens: int = 0  # completion tokens generated
+    tokens: int = 0  # completion tokens generated (an embed job: the tokens embedded)
     seconds: float = 0.0
 
     @property

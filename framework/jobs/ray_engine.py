@@ -35,13 +35,21 @@ import numpy as np
 
 from .. import config as config_mod
 from ..errors import ConfigError, OrtgenError
+from ..loop.embedding import check_embedder
+from .embedding import EmbedOptions, is_embedding
 from .fingerprint import job_print, reconcile, stamp
 from .formats import job_format, model_name
 from .openai_batch import LineChecker
 from .progress import JobSummary, Progress
 from .results import result_line
 from .rows import InputRow, RowChecker, id_key
-from .runner import RowRunner, check_one_result_per_row, check_sizes, write_records
+from .runner import (
+    RowRunner,
+    check_one_result_per_row,
+    check_sizes,
+    embed_options,
+    write_records,
+)
 
 if TYPE_CHECKING:
     from ..config.pipeline import Pipeline
@@ -90,14 +98,16 @@ def run_ray_job(
     progress: TextIO | None = sys.stderr,
     input_format: str | None = None,
     rerun_changed: bool = False,
+    task: str = "generate",
+    embedding: EmbedOptions | None = None,
 ) -> JobSummary:
     """Generate for every row of ``input_path`` not already in ``output_path``, on Ray.
 
     ``address``: a running cluster (``HOST:PORT``); None starts a local Ray instance for
     this job. ``workers``: actors, each with the model loaded once, each reserving
     ``threads`` CPUs (1 when None); ``spin_us`` is their sessions' spin (see ``load``).
-    The other arguments mean what they mean for :func:`run_job` (``rerun_changed``
-    too); the output is the same, fingerprints included.
+    The other arguments mean what they mean for :func:`run_job` (``rerun_changed``,
+    ``task`` and ``embedding`` too); the output is the same, fingerprints included.
     Raises before any row runs when the job as a whole cannot work."""
     from ..model.session import spin_duration
 
@@ -106,6 +116,7 @@ def run_ray_job(
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"workers must be an integer >= 1, got {workers!r}")
     settings = dict(settings or {})
+    options = embed_options(task, embedding)
     # the model's own config files are not read here (the model is loaded only on the
     # workers); each actor checks again with them before its first row
     resolved = config_mod.resolve([("pipeline", pipeline.settings), ("call", settings)])
@@ -114,9 +125,9 @@ def run_ray_job(
     model = model or pipeline.model_path()
     # a worker's current directory is not ours: give it a path that means the same there
     model = str(Path(model).expanduser().resolve()) if model is not None else None
-    fmt = job_format(input_path, input_format, model=model_name(model))
+    fmt = job_format(input_path, input_format, model=model_name(model), task=task)
     report = fmt.scan_unique(input_path)
-    fingerprint = job_print(model, pipeline.settings, settings)
+    fingerprint = job_print(model, pipeline.settings, settings, embedding=options)
     results = fmt.results(output_path)
     results.open()
     try:
@@ -147,6 +158,7 @@ def run_ray_job(
                         "spin_us": spin_us,
                         "settings": settings,
                         "batch_size": batch_size,
+                        "embedding": options,
                     },
                     batch_size=window,
                     batch_format="numpy",
@@ -187,6 +199,8 @@ def _decode(text: str, checker: RowChecker, lines: LineChecker) -> InputRow:
         return InputRow(number, unit, row_id, error=data["error"], meta=meta)
     if meta is not None:
         return lines.row(number, unit, row_id, data["request"], meta)
+    if is_embedding(data["request"]):  # an embed job's row, read whole by the driver
+        return InputRow(number, unit, row_id, request=data["request"])
     return checker(number, unit, {"id": row_id, **data["request"]})
 
 
@@ -201,12 +215,15 @@ class _Worker:
         spin_us: int | None,
         settings: dict[str, Any],
         batch_size: int,
+        embedding: EmbedOptions | None = None,
     ) -> None:
         from ..api import load
 
         gen = load(model, pipeline=pipeline, threads=threads, spin_us=spin_us)
         check_one_result_per_row(gen.resolve_config(settings).config.num_return_sequences)
-        self.runner = RowRunner(gen, settings, batch_size)
+        if embedding is not None:  # the driver has no model: a worker says it cannot embed
+            check_embedder(gen.model, gen.path, embedding.pooling, embedding.dimensions)
+        self.runner = RowRunner(gen, settings, batch_size, embedding=embedding)
         self.checker = RowChecker(self.runner.check_settings)
         self.lines = LineChecker(self.runner.check_settings)
 

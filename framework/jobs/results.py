@@ -225,9 +225,10 @@ class ResultLog:
 class ParquetResults(ResultLog):
     """A JSONL progress file while the job runs; the Parquet file when it is done."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, embedding: bool = False) -> None:
         super().__init__(path.with_name(path.name + ".partial.jsonl"))
         self.final = path
+        self.embedding = embedding  # an embed job's columns, even when every row failed
         self.lock = OutputLock(path)  # the output the user named, not the progress file
         self._copy_of_final = False  # the progress file is the finished file's rows
 
@@ -271,7 +272,7 @@ class ParquetResults(ResultLog):
             os.close(self._fd)
             self._fd = None
         try:
-            write_parquet_results(self.records(), self.final)
+            write_parquet_results(self.records(), self.final, embedding=self.embedding)
             self.path.unlink()  # under the lock: no other job sees a half-finished pair
         except OSError as exc:
             raise OutputError(
@@ -282,10 +283,11 @@ class ParquetResults(ResultLog):
             self.close()
 
 
-def open_results(path: str | Path) -> ResultLog:
-    """The result store for ``path``: JSONL, or Parquet by its suffix."""
+def open_results(path: str | Path, *, embedding: bool = False) -> ResultLog:
+    """The result store for ``path``: JSONL, or Parquet by its suffix (``embedding``: an
+    embed job's table)."""
     path = Path(path)
-    return ParquetResults(path) if is_parquet(path) else ResultLog(path)
+    return ParquetResults(path, embedding=embedding) if is_parquet(path) else ResultLog(path)
 
 
 def _why(exc: OSError) -> str:

@@ -8,10 +8,11 @@ error line in the output. Rows are read lazily, so a file larger than memory str
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..chat_formats.tools import tool_spec
 from ..errors import InputError, OrtgenError
@@ -27,6 +28,8 @@ __all__ = [
     "SettingsCheck",
     "chat_options",
     "check_chat_options",
+    "chunks",
+    "error_line",
     "id_key",
     "is_parquet",
     "read_rows",
@@ -46,6 +49,7 @@ CHAT_OPTIONS = (
 )
 #: Checks a row's own settings (merged over the job's); raises ConfigError when bad.
 SettingsCheck = Callable[[dict[str, Any]], None]
+T = TypeVar("T")
 
 
 def is_parquet(path: str | Path) -> bool:
@@ -75,6 +79,27 @@ class InputRow:
     @property
     def where(self) -> str:
         return f"{self.unit} {self.number}"
+
+
+def error_line(
+    row: InputRow, message: str, *, server: bool = False, param: str | None = None
+) -> dict[str, Any]:
+    """A row's error line; ``server``: it failed while it ran, not for what it asked (the
+    server would answer 500), which a line of another format (``row.meta``) tells, as it
+    tells ``param``, the body's field at fault."""
+    record: dict[str, Any] = {"id": row.id, "error": f"{row.where}: {message}"}
+    if row.meta is not None:
+        meta = {**row.meta, "server_error": True} if server else dict(row.meta)
+        if param is not None:
+            meta["error"] = {**(meta.get("error") or {}), "param": param}
+        record["meta"] = meta
+    return record
+
+
+def chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    it = iter(items)
+    while chunk := list(islice(it, size)):
+        yield chunk
 
 
 class RowChecker:

@@ -14,25 +14,34 @@ it are shared with the ray engine (``ray_engine.py``), so both give the same lin
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ..chat_formats.reply import ReplyPlan, read_reply
 from ..errors import ConfigError, InputError, OrtgenError
+from ..loop.embedding import check_embedder
 from ..request import build_chat, row_settings
 from ..request.prompts import row_settings as own_settings
 from ..request.sessions import changed_settings
 from ..structured.response_format import parse_json_output
 from ..structured.settings import CONSTRAINT_FIELDS, constraint
 from .check import InputReport
+from .embedding import TASKS, EmbedOptions, RowEmbedder, is_embedding
 from .fingerprint import job_print, reconcile, stamp
 from .formats import JobFormat, job_format, model_name
 from .progress import JobSummary, Progress
 from .results import ResultLog
-from .rows import InputRow, RowChecker, chat_options, id_key, replaces_constraint
+from .rows import (
+    InputRow,
+    RowChecker,
+    chat_options,
+    chunks,
+    error_line,
+    id_key,
+    replaces_constraint,
+)
 
 if TYPE_CHECKING:
     from ..api import TextGenerator
@@ -55,7 +64,6 @@ RAY_NEEDS_ITS_RUNNER = (
     "ortgen.jobs.ray_engine.run_ray_job (or `ortgen run --engine ray`)"
 )
 ONE_RESULT_PER_ROW = "ortgen run writes one result per row; num_return_sequences must be 1"
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,8 @@ def run_job(
     progress: TextIO | None = sys.stderr,
     input_format: str | None = None,
     rerun_changed: bool = False,
+    task: str = "generate",
+    embedding: EmbedOptions | None = None,
 ) -> JobSummary:
     """Generate for every row of ``input_path`` not already in ``output_path``.
 
@@ -90,17 +100,24 @@ def run_job(
     ``"auto"`` (by the first line; ``formats.job_format``). Raises before any row runs
     when the job as a whole cannot work (bad settings, duplicate ids, unusable output,
     rows done under other settings: ``rerun_changed`` does those again, see
-    ``fingerprint.py``; both formats).
+    ``fingerprint.py``; both formats). ``task``: ``"generate"``, or ``"embed"``: each
+    ortgen row's ``text`` (or ``input``) embedded as ``gen.embed`` embeds it alone, pooled
+    by ``embedding`` (``embedding.EmbedOptions``; a row's own options win); a model that
+    cannot embed stops the job first. An OpenAI batch file's lines say their task by
+    their url.
     """
     if engine != "local":
         raise ConfigError(RAY_NEEDS_ITS_RUNNER if engine == "ray" else f"unknown engine {engine!r}")
     check_sizes(batch_size, window)
     settings = dict(settings or {})
+    options = embed_options(task, embedding)
     check_one_result_per_row(gen.resolve_config(settings).config.num_return_sequences)
-    fmt = job_format(input_path, input_format, model=model_name(gen.path))
+    fmt = job_format(input_path, input_format, model=model_name(gen.path), task=task)
+    if options is not None:
+        check_embedder(gen.model, gen.path, options.pooling, options.dimensions)
     report = fmt.scan_unique(input_path)
     pipeline = gen.pipeline.settings if gen.pipeline is not None else {}
-    fingerprint = job_print(gen.path, pipeline, settings)
+    fingerprint = job_print(gen.path, pipeline, settings, embedding=options)
     results = fmt.results(output_path)
     results.open()
     try:
@@ -109,7 +126,7 @@ def run_job(
         )
         done = results.done
         tracker = Progress(report.rows, len(report.ids & done), progress)
-        job = RowRunner(gen, settings, batch_size)
+        job = RowRunner(gen, settings, batch_size, embedding=options)
         checker = fmt.checker(job.check_settings)
         # read as the ray driver reads them (each row's fingerprint from what it says),
         # then checked with the job's settings, as a ray worker checks them
@@ -155,8 +172,26 @@ def write_records(results: ResultLog, progress: Progress, records: list[dict[str
     engines make rows durable."""
     results.append(records)
     errors = sum("error" in r for r in records)
-    tokens = sum(r["usage"]["completion_tokens"] for r in records if "usage" in r)
+    # tokens made; an embedding row's: the tokens it read
+    tokens = sum(_tokens(r["usage"]) for r in records if "usage" in r)
     progress.add(len(records) - errors, errors, tokens)
+
+
+def _tokens(usage: Mapping[str, int]) -> int:
+    return usage.get("completion_tokens", usage.get("prompt_tokens", 0))
+
+
+def embed_options(task: str, embedding: EmbedOptions | None) -> EmbedOptions | None:
+    """The job's pooling options when it embeds (the defaults unless given), None when it
+    generates; a bad task (or options for a job that generates) raises before anything
+    runs."""
+    if task not in TASKS:
+        raise ConfigError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
+    if task == "generate":
+        if embedding is not None:
+            raise ConfigError('embedding options are for task "embed"')
+        return None
+    return embedding or EmbedOptions()
 
 
 class RowRunner:
@@ -174,12 +209,15 @@ class RowRunner:
         settings: dict[str, Any],
         batch_size: int,
         generate: Callable[[list[dict[str, Any]]], GenerationOutput] | None = None,
+        embedding: EmbedOptions | None = None,
     ) -> None:
         self.gen = gen
         self.settings = settings
         self.batch_size = batch_size
         self._generate = generate or (lambda requests: gen.generate(requests, **settings))
         self._job_wants_json: bool | None = None  # rows without settings of their own
+        # embedding rows (an embed job's, an OpenAI line's): pooled as ``embedding`` says
+        self.embedder = RowEmbedder(gen, embedding or EmbedOptions(), batch_size)
 
     def check_settings(self, own: dict[str, Any]) -> None:
         """A row's settings, resolved over the job's as its request will resolve them
@@ -191,16 +229,22 @@ class RowRunner:
         the caller makes each group durable as soon as it exists."""
         ready: list[_Ready] = []
         failed: list[dict[str, Any]] = []
+        embeds: list[InputRow] = []
         for row in rows:
             if row.error is not None:
-                failed.append(_error(row, row.error))
+                failed.append(error_line(row, row.error))
+                continue
+            if is_embedding(row.request):
+                embeds.append(row)
                 continue
             try:
                 ready.append(self._ready(row))
             except OrtgenError as exc:
-                failed.append(_error(row, _about_the_prompt(str(exc), row.number)))
+                failed.append(error_line(row, _about_the_prompt(str(exc), row.number)))
         if failed:
             yield failed
+        if embeds:
+            yield from self.embedder.run(embeds)
         ready.sort(key=lambda r: len(r.ids))  # stable: equal lengths keep file order
         for batch in chunks(ready, self.batch_size):
             yield self._run_batch(batch)
@@ -249,7 +293,7 @@ class RowRunner:
                 return [record for ready in batch for record in self._run_batch([ready])]
             message = str(exc) if isinstance(exc, OrtgenError) else f"{type(exc).__name__}: {exc}"
             server = not isinstance(exc, ConfigError | InputError)  # not what the row asked
-            return [_error(batch[0].row, message, server=server)]
+            return [error_line(batch[0].row, message, server=server)]
         texts = out.text if isinstance(out.text, list) else [out.text] * len(batch)
         return [self._record(ready, out, i, texts[i]) for i, ready in enumerate(batch)]
 
@@ -287,7 +331,7 @@ class RowRunner:
         else:
             return record
         if why is not None:
-            return {**_error(ready.row, why), "usage": record["usage"]}
+            return {**error_line(ready.row, why), "usage": record["usage"]}
         return {**record, "parsed": value}
 
     def _wants_json(self, own: dict[str, Any]) -> bool:
@@ -305,24 +349,9 @@ class RowRunner:
         return config.json_schema is not None or config.json_object
 
 
-def _error(row: InputRow, message: str, *, server: bool = False) -> dict[str, Any]:
-    """A row's error line; ``server``: it failed while it ran, not for what it asked (the
-    server would answer 500), which a line of another format (``row.meta``) tells."""
-    record: dict[str, Any] = {"id": row.id, "error": f"{row.where}: {message}"}
-    if row.meta is not None:
-        record["meta"] = {**row.meta, "server_error": True} if server else row.meta
-    return record
-
-
 def _about_the_prompt(message: str, number: int) -> str:
     """The encoder names a prompt by its index in a call; in a job that is the row's
     line, which the error line already gives."""
     for tail in (" ", ":"):
         message = message.replace(f"prompt {number}{tail}", f"the prompt{tail}", 1)
     return message
-
-
-def chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
-    it = iter(items)
-    while chunk := list(islice(it, size)):
-        yield chunk

@@ -1,8 +1,9 @@
 """Embeddings from a decoder: its last hidden state, pooled over each text's real tokens.
 
-A graph built to embed (``ortgen export FILE.gguf OUT --embeddings``) has an extra output,
-``hidden_states`` (B, T, hidden): the last layer's state after the final norm, before the
-LM head. :func:`embed_rows` runs one forward over a batch of token-id rows, right-padded
+A graph built to embed (``ortgen export SOURCE OUT --embeddings``: the GGUF builder writes
+it, the export extra's fused and optimum graphs get it by one graph edit) has an extra
+output, ``hidden_states`` (B, T, hidden): the last layer's state after the final norm,
+before the LM head. :func:`embed_rows` runs one forward over a batch of token-id rows, right-padded
 to the longest, and pools each row over its own tokens only: ``last`` takes its last real
 token's state (a causal model's only position that has seen the whole text), ``mean``
 averages its real positions. The vectors are then cut to ``dimensions`` (if given) and
@@ -33,8 +34,8 @@ HIDDEN_OUTPUT = "hidden_states"
 POOLINGS = ("last", "mean")
 #: how to get a model that embeds, for errors
 BUILD_HINT = (
-    "build one from a GGUF with `ortgen export FILE.gguf OUT --embeddings` "
-    "(docs/gguf.md, Embeddings)"
+    "build one with `ortgen export SOURCE OUT --embeddings` (a .gguf file or a Hugging "
+    "Face folder; docs/gguf.md, Embeddings)"
 )
 
 

@@ -24,8 +24,8 @@ from .state import ServerState
 
 __all__ = ["BATCH_FIELDS", "ENDPOINTS"]
 
-#: the endpoints a batch may be made of (an embeddings line is answered as ``ortgen
-#: run`` answers it, ``ortgen.jobs.openai_batch``)
+#: the endpoints a batch may be made of (each line answered as ``ortgen run`` answers
+#: it, ``ortgen.jobs.openai_batch``)
 ENDPOINTS = (CHAT_URL, COMPLETIONS_URL, "/v1/embeddings")
 #: what a create body takes
 BATCH_FIELDS = ("input_file_id", "endpoint", "completion_window", "metadata")
