@@ -177,7 +177,9 @@ class BatchWorker:
                 raise
             try:
                 engine = model.engine
-                runner = RowRunner(model.gen, {}, ROWS_AT_ONCE, generate=self._generator(engine, loop))
+                runner = RowRunner(
+                    model.gen, {}, ROWS_AT_ONCE, generate=self._generator(engine, loop)
+                )
                 checker = fmt.checker(runner.check_settings)
                 todo = [fmt.recheck(row, checker) for row in chunk]
                 groups = await asyncio.to_thread(_run_window, runner, todo)
