@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from openai.types import Completion
+from openai.types import Completion, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion
 
 from tests.server_helpers import KEY, ServerProcess, call
@@ -49,9 +49,10 @@ def jsonl(lines: list[Any]) -> bytes:
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny fp32 Llama (fused graph: continuous batching) with a tokenizer."""
+    """A tiny fp32 Llama (fused graph: continuous batching) with a tokenizer, exported
+    with ``hidden_states`` so embeddings batches run too."""
     return export_tiny("llama", tmp_path_factory.mktemp("batches"), with_tokenizer=True,
-                       graph="fused")  # fmt: skip
+                       graph="fused", embeddings=True)  # fmt: skip
 
 
 def start(model: Path, files: Path) -> ServerProcess:
@@ -166,6 +167,38 @@ def test_a_completions_batch_answers_as_the_completions_route(client, server):
         Completion.model_validate(body)
         status, alone = call(server, "/v1/completions", line["body"])
         assert status == 200 and without_ids(body) == without_ids(alone)
+
+
+def test_an_embeddings_batch_answers_as_the_embeddings_route(client, server):
+    """Each line of a ``/v1/embeddings`` batch (text, a list, token ids, ``dimensions``,
+    base64, mean pooling) equals ``/v1/embeddings``'s answer to its body; a bad line is
+    an error line with the route's own error."""
+    bodies = [
+        {"model": "m", "input": "a first text"},
+        {"model": "m", "input": ["one", "two words"], "dimensions": 8},
+        {"model": "m", "input": [5, 6, 7], "encoding_format": "base64"},
+        {"model": "m", "input": "mean of this", "pooling": "mean"},
+        {"model": "m", "input": ""},
+    ]
+    lines = [{"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings", "body": body}
+             for i, body in enumerate(bodies)]  # fmt: skip
+    batch = client.batches.create(input_file_id=upload(client, lines), endpoint="/v1/embeddings",
+                                  completion_window="24h")  # fmt: skip
+    batch = wait(client, batch.id)
+    assert batch.status == "completed", batch
+    assert batch.request_counts.model_dump() == {"total": 5, "completed": 4, "failed": 1}
+    answers = outputs(client, batch.output_file_id) | outputs(client, batch.error_file_id)
+    for line in lines:
+        out = answers[line["custom_id"]]
+        status, alone = call(server, "/v1/embeddings", line["body"])
+        assert out.response is not None and out.response.status_code == status
+        if status == 200:
+            if line["body"].get("encoding_format") != "base64":  # the client decodes that
+                CreateEmbeddingResponse.model_validate(out.response.body)
+            assert out.response.body == alone
+        else:
+            assert alone["error"]["message"] in out.response.body["error"]["message"]
+    assert answers["e4"].response.status_code == 400
 
 
 def test_the_published_batch_request_is_the_one_the_route_reads():

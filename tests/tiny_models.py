@@ -144,20 +144,26 @@ def save_tiny_tokenizer(
 
 
 def export_tiny(
-    arch: str, root: Path, *, with_tokenizer: bool = False, graph: str = "optimum"
+    arch: str,
+    root: Path,
+    *,
+    with_tokenizer: bool = False,
+    graph: str = "optimum",
+    embeddings: bool = False,
 ) -> Path:
     """Build ``root/{arch}-hf`` and export it at fp32 with ortgen to ``root/{arch}-{graph}``.
 
     ``graph`` is the family: ``optimum`` (every arch) or ``fused`` (onnxruntime-genai's
     builder; llama and qwen2). fp32, so greedy decoding must equal transformers'. An
-    existing export there is replaced, so use one ``root`` per variant.
+    existing export there is replaced, so use one ``root`` per variant. ``embeddings``:
+    the graph also returns ``hidden_states`` (``ortgen export --embeddings``).
     """
     from ortgen.export import Variant, export_model
 
     root = Path(root)
     hf = build_tiny_hf(arch, root / f"{arch}-hf", with_tokenizer=with_tokenizer)
     out = root / (f"{arch}-onnx" if graph == "optimum" else f"{arch}-{graph}")
-    variant = Variant(graph=graph, precision="fp32")
+    variant = Variant(graph=graph, precision="fp32", embeddings=embeddings)
     return export_model(hf, out, variant=variant, progress=lambda _msg: None, overwrite=True)
 
 
