@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import openai
 import pytest
 from pydantic import BaseModel, Field
 
@@ -67,8 +66,13 @@ def add(a: int, b: int) -> int:
 def valid_add_arguments(arguments: Any) -> bool:
     """Whether a call's arguments (text or parsed) fit ``add``'s parameters."""
     value = json.loads(arguments) if isinstance(arguments, str) else arguments
-    schema = {"type": "object", "properties": {"a": {"type": "integer"},
-              "b": {"type": "integer"}}, "required": ["a", "b"], "additionalProperties": False}  # fmt: skip
+    integer = {"type": "integer"}
+    schema = {
+        "type": "object",
+        "properties": {"a": integer, "b": integer},
+        "required": ["a", "b"],
+        "additionalProperties": False,
+    }
     jsonschema.validate(value, schema)
     return True
 
