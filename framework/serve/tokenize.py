@@ -6,7 +6,8 @@ against the served model, in the request shapes vLLM's server uses.
   "tools": [...]}`` rendered through the model's chat template exactly as a chat request
   is (the one request builder, ``build_chat``: for a template that knows no tools, the
   chat format's tool prompt and earlier calls as the model wrote them);
-  ``"return_token_strs": true`` adds the vocabulary pieces. The answer: ``{"count", "max_model_len", "tokens"}``.
+  ``"return_token_strs": true`` adds the vocabulary pieces. The answer: ``{"count",
+  "max_model_len", "tokens"}``.
 - ``/detokenize``: ``{"tokens": [ids]}`` to ``{"prompt": "text"}`` (special tokens
   kept, as vLLM does).
 - ``GET /tokenizer_info``: the tokenizer's configuration in vLLM's shape (vLLM answers
