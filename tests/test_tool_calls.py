@@ -115,6 +115,8 @@ def test_plans_follow_what_the_template_knows() -> None:
     )
     assert template_tools is None
     assert shown[0]["role"] == "system" and "get_weather" in shown[0]["content"]
+    # what each tool does, as the client described it (agents send their docstrings)
+    assert '"description": "The current weather in a city"' in shown[0]["content"]
     assert '"maxItems": 8' in plain.format.answer_grammar(plain.spec)
     single = plan("{{ messages }}", TOOLS, "auto", False)
     grammar = single.format.answer_grammar(single.spec)
