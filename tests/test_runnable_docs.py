@@ -1,5 +1,6 @@
 """The code in the docs runs: the README tour and the plugin tutorial (docs/plugins.md),
-on the default model, so a renamed API or a changed output breaks the build, not a user.
+on the default model, and docs/server.md's client snippets against a live server of it,
+so a renamed API or a changed output breaks the build, not a user.
 
 - ```python blocks are executed (a tutorial's blocks in order, in one namespace, as a
   reader would paste them); blocks of ``>>>`` lines are run as doctests with ELLIPSIS
