@@ -1,5 +1,6 @@
 """The code in the docs runs: the README tour and the plugin tutorial (docs/plugins.md),
-on the default model, so a renamed API or a changed output breaks the build, not a user.
+on the default model, and docs/server.md's client snippets against a live server of it,
+so a renamed API or a changed output breaks the build, not a user.
 
 - ```python blocks are executed (a tutorial's blocks in order, in one namespace, as a
   reader would paste them); blocks of ``>>>`` lines are run as doctests with ELLIPSIS
@@ -329,3 +330,57 @@ def test_the_documented_errors_are_what_the_pipeline_gives(tmp_path, monkeypatch
     assert f"ortgen: error: {caught.value}\n" == shown.code
     fields = [field for field, _ in caught.value.problems]
     assert fields == ["generation.tempreature", "logits_processors[1]", "run.engine"]
+
+
+# --------------------------------------------------------------------------- server clients
+
+SERVER = "docs/server.md"
+DOCS_URL = "http://127.0.0.1:8000"
+
+
+@pytest.mark.default_model
+def test_the_clients_section_runs_against_a_server(default_model_dir, pytestconfig, capsys):
+    """docs/server.md's "Clients" snippets, in order, in one namespace (as a reader pastes
+    them), against a live server of the default model; instructor's in its own venv
+    (tests/client_venvs.py), as the page says to install it. Each gives what its
+    comments promise."""
+    import dataclasses
+    import json
+    import subprocess
+
+    from pydantic import BaseModel
+
+    from tests.client_venvs import instructor_python
+    from tests.server_helpers import ServerProcess
+
+    python = [b for b in section_blocks(SERVER, "Clients", "Requests") if b.lang == "python"]
+    assert [b.section for b in python] == [
+        "openai", "langchain-openai", "pydantic-ai", "openai-agents", "instructor",
+    ]  # fmt: skip
+    server = ServerProcess("--model", str(default_model_dir), "--threads", "1").ready()
+    try:
+        namespace: dict = {}
+        for block in python[:4]:
+            pointed = dataclasses.replace(block, code=block.code.replace(DOCS_URL, server.url))
+            run_python(SERVER, pointed, namespace, default_model_dir)
+        instructor = python[4].code.replace(DOCS_URL, server.url)
+        venv = instructor_python(pytestconfig.cache.mkdir("client-venvs"))
+        done = subprocess.run(
+            [str(venv), "-c", instructor], capture_output=True, text=True, timeout=600
+        )
+    finally:
+        server.stop()
+    city = namespace["City"]
+    assert issubclass(city, BaseModel)
+    assert isinstance(namespace["city"], city) and isinstance(namespace["agents_city"], city)
+    assert namespace["call"]["name"] == "add" and set(namespace["call"]["args"]) == {"a", "b"}
+    assert namespace["answer"].content.strip() and not namespace["answer"].tool_calls
+    run = namespace["run"]  # pydantic-ai: multiply called once, its result read back
+    returns = [
+        p.content for m in run.all_messages() for p in m.parts if p.part_kind == "tool-return"
+    ]
+    assert len(returns) == 1 and isinstance(returns[0], int) and run.output.strip()
+    assert len(namespace["used"]) == 1 and namespace["final"].strip() and namespace["text"].strip()
+    assert done.returncode == 0, done.stderr
+    city.model_validate(json.loads(done.stdout.splitlines()[-1]))
+    assert capsys.readouterr().out.count("\n") >= 4  # the snippets' prints

@@ -89,3 +89,28 @@ def test_bad_bodies_are_400_naming_the_problem(client, route, body, named):
     answer = client.post(route, json=body)
     assert answer.status_code == 400, answer.text
     assert named in answer.json()["error"]["message"]
+
+
+@pytest.mark.default_model
+def test_messages_with_tools_count_what_a_chat_request_is_prefilled_with(default_gen):
+    """The default model's template knows no tools: a chat request gets the chat format's
+    tool prompt and the earlier call as JSON. /tokenize rendered the template alone: it
+    left the tools out (a smaller count) and failed on the call (no content)."""
+    add = {"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}}}}}  # fmt: skip
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a":1}'}}
+    conversations = [
+        [{"role": "user", "content": "Add 1."}],
+        [{"role": "user", "content": "Add 1."},
+         {"role": "assistant", "content": None, "tool_calls": [call]},
+         {"role": "tool", "tool_call_id": "c1", "content": "1"}],
+    ]  # fmt: skip
+    engine = Engine(default_gen, max_batch=1)
+    state = ServerState(ModelPool.single(ServedModel("default", default_gen, engine)))
+    with TestClient(build_app(state)) as client:
+        for messages in conversations:
+            counted = client.post("/tokenize", json={"messages": messages, "tools": [add]})
+            assert counted.status_code == 200, counted.json()
+            chat = client.post("/v1/chat/completions", json={
+                "messages": messages, "tools": [add], "max_tokens": 1}).json()  # fmt: skip
+            assert counted.json()["count"] == chat["usage"]["prompt_tokens"]

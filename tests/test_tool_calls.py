@@ -115,6 +115,8 @@ def test_plans_follow_what_the_template_knows() -> None:
     )
     assert template_tools is None
     assert shown[0]["role"] == "system" and "get_weather" in shown[0]["content"]
+    # what each tool does, as the client described it (agents send their docstrings)
+    assert '"description": "The current weather in a city"' in shown[0]["content"]
     assert '"maxItems": 8' in plain.format.answer_grammar(plain.spec)
     single = plan("{{ messages }}", TOOLS, "auto", False)
     grammar = single.format.answer_grammar(single.spec)
@@ -412,3 +414,34 @@ def test_a_stream_sends_the_calls_the_whole_reply_keeps(format_) -> None:
         assert [(c["name"], c["arguments"]) for c in sent.values()] == [
             (c["function"]["name"], c["function"]["arguments"]) for c in whole.tool_calls
         ], (parallel, format_)
+
+
+#: a tool whose parameters refer to their own parts, as Pydantic writes a nested model
+#: (``$defs``) and a recursive one (``#``): pydantic-ai's ``output_type=list[City]``
+NESTED = {"type": "function", "function": {"name": "final_result", "parameters": {
+    "type": "object", "$defs": {"City": {"type": "object", "properties": {
+        "name": {"type": "string"}}, "required": ["name"]}},
+    "properties": {"cities": {"type": "array", "items": {"$ref": "#/$defs/City"}},
+                   "next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}},
+    "required": ["cities", "next"]}}}  # fmt: skip
+
+
+@pytest.mark.parametrize("format_", ["json", "hermes"])
+def test_references_inside_a_tools_parameters_point_into_them(format_, tiny_text_model) -> None:
+    """The call grammar nests each tool's parameters inside the answer's schema; their
+    ``#/$defs/City`` and ``#`` must still mean the parameters' own parts. They resolved
+    against the whole answer: llguidance refused ``$defs`` (pydantic-ai's list output
+    was a 400) and ``#`` let an answer object stand where the parameters belong."""
+    from tests.format_helpers import accepts
+
+    read = plan(HERMES_TEMPLATE if format_ == "hermes" else "", [NESTED], "required")
+    grammar = read.format.answer_grammar(read.spec)
+    inner = {"cities": [], "next": None}
+
+    def allowed(arguments: object) -> bool:
+        text = written([("final_result", arguments)], format_)
+        return accepts(tiny_text_model, grammar, text, "</s>")
+
+    assert allowed({"cities": [{"name": "Paris"}], "next": inner})
+    assert not allowed({"cities": [{"country": "France"}], "next": None})  # City needs a name
+    assert not allowed({"cities": [], "next": {"tool_calls": []}})  # `#` is the parameters

@@ -49,13 +49,26 @@ def call_schema(
     options = [
         {
             "type": "object",
-            "properties": {name_key: {"const": name}, arguments_key: dict(parameters)},
+            "properties": {
+                name_key: {"const": name},
+                arguments_key: _own_resource(name, parameters),
+            },
             "required": [name_key, arguments_key],
             "additionalProperties": False,
         }
         for name, parameters in functions.items()
     ]
     return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def _own_resource(name: str, parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """``parameters`` as a schema resource of its own (an ``$id``), so its local
+    references (``#/$defs/...``, ``#/definitions/...``, ``#``: what Pydantic writes for a
+    nested model) still point into it once it is nested inside the call's schema; without
+    one they resolve against the whole answer's schema and llguidance refuses it."""
+    if "$id" in parameters:
+        return dict(parameters)
+    return {"$id": f"urn:ortgen:tool:{name}", **parameters}
 
 
 def json_grammar(schema: Mapping[str, Any]) -> str:

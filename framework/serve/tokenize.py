@@ -4,8 +4,10 @@ against the served model, in the request shapes vLLM's server uses.
 - ``/tokenize``: ``{"prompt": "text", "add_special_tokens": true}``, or
   ``{"messages": [...], "add_generation_prompt": true, "continue_final_message": false,
   "tools": [...]}`` rendered through the model's chat template exactly as a chat request
-  is (``TextGenerator.chat_prompt``); ``"return_token_strs": true`` adds the vocabulary
-  pieces. The answer: ``{"count", "max_model_len", "tokens"}``.
+  is (the one request builder, ``build_chat``: for a template that knows no tools, the
+  chat format's tool prompt and earlier calls as the model wrote them);
+  ``"return_token_strs": true`` adds the vocabulary pieces. The answer: ``{"count",
+  "max_model_len", "tokens"}``.
 - ``/detokenize``: ``{"tokens": [ids]}`` to ``{"prompt": "text"}`` (special tokens
   kept, as vLLM does).
 - ``GET /tokenizer_info``: the tokenizer's configuration in vLLM's shape (vLLM answers
@@ -27,6 +29,7 @@ from typing import Any
 
 from ..api import TextGenerator
 from ..errors import ModelLoadError, OrtgenError
+from ..request import build_chat
 from ..request.openai_fields import COMMON_FIELDS
 from ..text.resolved_tokenizer import RESOLVED_FILE
 from ..util.jsonfile import read_json_object
@@ -153,8 +156,12 @@ def tokenize_body(gen: TextGenerator, body: Mapping[str, Any]) -> list[int]:
     for field in ("add_generation_prompt", "continue_final_message"):
         if field in body:
             options[field] = body[field]
-    try:
-        return gen.chat_prompt(body["messages"], tools=body.get("tools"), **options)
+    try:  # the one request builder: a template that knows no tools gets the chat
+        # format's tool prompt and the calls in the history as the model wrote them
+        chat = build_chat(
+            gen, body["messages"], {}, tools=body.get("tools"), template_kwargs=options
+        )
+        return chat.prompt
     except OrtgenError as exc:  # the field it names: messages[2], tools, ...
         raise RequestError(str(exc), param=getattr(exc, "field", None) or "messages") from None
 

@@ -49,14 +49,7 @@ class GenericFormat:
         conversation = _plain_history(messages)
         if spec is None:
             return conversation, None
-        listed = json.dumps(
-            [
-                {"name": t["function"]["name"], "parameters": spec.functions.get(
-                    t["function"]["name"], t["function"].get("parameters", {}))}
-                for t in spec.tools
-            ],
-            ensure_ascii=False,
-        )  # fmt: skip
+        listed = json.dumps([_listed(t["function"], spec) for t in spec.tools], ensure_ascii=False)
         which = f"the tool {spec.named!r}" if spec.named else "tools"
         text = (_CALLS_ONLY if spec.calls_only else _INSTRUCTIONS).format(which=which, tools=listed)
         return _with_system(conversation, text), None
@@ -94,6 +87,18 @@ class GenericFormat:
         if final and json_value_end(text) is None and not text.lstrip().startswith("{"):
             return ParsedAnswer(text.strip())  # not this format's JSON: text as written
         return ParsedAnswer("")
+
+
+def _listed(function: Mapping[str, Any], spec: ToolSpec) -> dict[str, Any]:
+    """One tool as the system message lists it: its name, what it does (the client's
+    description: often all a model has to pick a tool by, as llama.cpp's generic format
+    keeps it) and its parameters as the grammar closes them."""
+    name = function["name"]
+    entry: dict[str, Any] = {"name": name}
+    if isinstance(function.get("description"), str) and function["description"]:
+        entry["description"] = function["description"]
+    entry["parameters"] = spec.functions.get(name, function.get("parameters", {}))
+    return entry
 
 
 def _string_prefix(body: str) -> str:
