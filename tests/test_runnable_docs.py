@@ -380,7 +380,11 @@ def test_the_clients_section_runs_against_a_server(default_model_dir, pytestconf
         p.content for m in run.all_messages() for p in m.parts if p.part_kind == "tool-return"
     ]
     assert len(returns) == 1 and isinstance(returns[0], int) and run.output.strip()
-    assert len(namespace["used"]) == 1 and namespace["final"].strip() and namespace["text"].strip()
+    assert (
+        len(namespace["used"]) == 1
+        and namespace["final"].text.strip()
+        and namespace["text"].strip()
+    )
     assert done.returncode == 0, done.stderr
     city.model_validate(json.loads(done.stdout.splitlines()[-1]))
     assert capsys.readouterr().out.count("\n") >= 4  # the snippets' prints

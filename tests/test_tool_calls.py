@@ -304,6 +304,23 @@ def test_tools_and_another_constraint_are_refused(hermes_gen) -> None:
         hermes_gen.chat([{"role": "user", "content": "x"}], tools=TINY_TOOLS, json_object=True)
 
 
+def test_a_forced_call_leaves_response_format_for_a_later_turn(hermes_gen) -> None:
+    """Agents send their output schema with every turn (openai-agents' ``output_type``
+    beside tools): a forced call has no text for it to shape, so the answer is the call;
+    with ``auto`` the two would both constrain the answer, which is refused."""
+    messages = [{"role": "user", "content": "w?"}]
+    schema = {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "object"}}}
+    settings = {"max_new_tokens": 80, "do_sample": True, "temperature": 0.7, "seed": 1}
+    for choice in ("required", {"type": "function", "function": {"name": "add"}}):
+        out = hermes_gen.chat(messages, tools=TINY_TOOLS, tool_choice=choice,
+                              response_format=schema, parallel_tool_calls=False,
+                              **settings)  # fmt: skip
+        assert out.finish_reasons == ["tool_calls"], out.text
+        assert all(_arguments_valid(c, TINY_TOOLS) for c in out.tool_calls)
+    with pytest.raises(InputError, match="give one of them"):
+        hermes_gen.chat(messages, tools=TINY_TOOLS, response_format=schema)
+
+
 #: a hermes template as short as one can be (only the last message), so that two calls
 #: fit the tiny model's 128 positions: 2 for the prompt and 120 for the answer
 SHORT_HERMES_TEMPLATE = "{#<tool_call>#}{{ messages[-1]['content'] }}"

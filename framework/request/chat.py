@@ -58,8 +58,10 @@ def build_chat(
     ``developer`` (OpenAI's new name for ``system``) is rendered as ``system``;
     ``response_format`` becomes a constraint and may not be given with one (say one thing
     once); tools constrain the answer to the chat format's calls unless ``tool_choice``
-    is ``"none"``, and clash with any other constraint. When the model may think, a
-    constraint applies to the answer after the thought, never to the thought.
+    is ``"none"``, and clash with any other constraint, but a ``response_format`` beside
+    a forced call (``required``, a named function) is left out: there is no text for it.
+    When the model may think, a constraint applies to the answer after the thought,
+    never to the thought.
     ``chat_format`` (else the ``chat_format`` setting, else the template's) names the
     format; ``reasoning_effort`` reaches a template that reads it, and ``"none"`` or
     ``"minimal"`` turn thinking off in a template with ``enable_thinking``."""
@@ -78,6 +80,11 @@ def build_chat(
     spec = tool_spec(tools, tool_choice, parallel_tool_calls) if tools or tool_choice else None
     if tools is None and tool_choice not in (None, "none"):
         tool_spec([], tool_choice)  # raises: a choice with no tools
+    if spec is not None and spec.calls_only:
+        # a forced call has no content for response_format to shape (OpenAI's rule): it
+        # shapes the text answer of a later turn, as agents send it with every turn
+        for key in [k for k, source in sources.items() if source == "response_format"]:
+            del wanted[key], sources[key]
     constrained = [k for k in CONSTRAINT_FIELDS if wanted.get(k) not in (None, False)]
     if spec is not None and constrained:
         raise InputError(
