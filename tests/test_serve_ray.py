@@ -28,12 +28,16 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.server_helpers import KEY, ServerProcess, call, sum_of
+from tests.server_helpers import KEY, ROOT, ServerProcess, call, sum_of
 from tests.test_jobs_ray import _env as ray_env
 from tests.test_jobs_ray import ray_address  # noqa: F401 - the module's cluster
 from tests.tiny_models import export_tiny
 
 pytestmark = pytest.mark.ray
+#: the test plugin by its file (a replica imports it by path): its ``slow`` processor
+#: keeps a request running while a test acts, and changes no score
+PLUGIN = ("--plugin", str(ROOT / "tests" / "server_plugin.py"))
+SLOW = {"logits_processors": [{"name": "slow", "delay": 0.05}]}
 
 PREFIX = "SERVE_REPLICA::ortgen#OrtgenReplica#"
 #: lists the replicas' ids (and kills the one given) on the cluster at argv[1]
@@ -91,7 +95,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def single(tiny_dir):
     """The reference: the single-process server on the same model."""
-    server = ServerProcess("--model", str(tiny_dir), "--threads", "1", "--api-key", KEY)
+    server = ServerProcess("--model", str(tiny_dir), "--threads", "1", "--api-key", KEY, *PLUGIN)
     try:
         yield server.ready()
     finally:
@@ -103,7 +107,7 @@ def served(ray_address, tiny_dir):  # noqa: F811 - the imported fixture
     """Two replicas of one thread on the module's cluster, behind Serve's proxy."""
     server = ServerProcess(
         "--ray", ray_address, "--replicas", "2", "--model", str(tiny_dir), "--threads", "1",
-        "--api-key", KEY, "--grace", "20", env=ray_env(),
+        "--api-key", KEY, "--grace", "20", *PLUGIN, env=ray_env(),
     )  # fmt: skip
     try:
         yield server.ready(timeout=240)
@@ -192,8 +196,8 @@ def test_a_killed_replica_fails_its_requests_cleanly_and_is_replaced(served, sin
     """Long streams on both replicas, one replica killed: each of its requests ends in
     an error (no hang), the other's finish with the single server's text, Serve starts
     a replacement, and /metrics moves from the dead replica to the new one."""
-    long = {"max_tokens": 400, "temperature": 0, "extra_body": {"min_new_tokens": 400}}
-    bodies = [("completion", {"prompt": f"story {i}", **long}) for i in range(8)]
+    long = {"max_tokens": 60, "temperature": 0, "extra_body": {"min_new_tokens": 60, **SLOW}}
+    bodies = [("completion", {"model": "served", "prompt": f"story {i}", **long}) for i in range(8)]
 
     async def run() -> list:
         client = served.async_client()
@@ -209,7 +213,7 @@ def test_a_killed_replica_fails_its_requests_cleanly_and_is_replaced(served, sin
             "requests in flight",
         )
         victim = busy[0]
-        await asyncio.to_thread(replicas, served.ray_address, victim)
+        await asyncio.to_thread(replicas, ray_address, victim)
         results = await asyncio.wait_for(asyncio.gather(*jobs, return_exceptions=True), 120)
         return [victim, results]
 
@@ -250,9 +254,10 @@ def test_sigterm_drains_every_replica_then_removes_the_application(served, singl
     """SIGTERM: the streams in flight finish with the single server's text, a new request
     gets the single server's 503 (``shutting_down``), the driver exits 0, and the
     application and Serve's proxy are gone (nothing else ran on the cluster's Serve)."""
-    long = {"max_tokens": 150, "temperature": 0, "extra_body": {"min_new_tokens": 150}}
+    long = {"max_tokens": 60, "temperature": 0, "extra_body": {"min_new_tokens": 60, **SLOW}}
     bodies = [
-        ("chat", {"messages": [{"role": "user", "content": f"go {i}"}], **long}) for i in range(4)
+        ("chat", {"model": "served", "messages": [{"role": "user", "content": f"go {i}"}], **long})
+        for i in range(4)
     ]
 
     async def run():
@@ -268,7 +273,8 @@ def test_sigterm_drains_every_replica_then_removes_the_application(served, singl
         refused = await asyncio.to_thread(
             wait_for, lambda: (s := call(served, "/health", key=None))[0] == 503 and s, 10
         )
-        status, body = call(served, "/v1/chat/completions", {**bodies[0][1], "max_tokens": 2})
+        late = {"model": "served", "messages": [{"role": "user", "content": "hi"}]}
+        status, body = call(served, "/v1/chat/completions", late)
         return await asyncio.gather(*jobs), refused, (status, body)
 
     answers, refused, (status, body) = asyncio.run(run())

@@ -32,25 +32,44 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 from starlette.applications import Starlette
 
+from ..util.ray_cluster import LOOPBACK
 from .app import build_app
 from .replica_metrics import Report, registry
 from .server import build_state
 
 log = logging.getLogger("ortgen.serve")
 
+
+def _bind_replica_grpc_to_loopback() -> None:
+    """Ray Serve 2.60 binds every replica's inter-deployment gRPC server to every
+    interface (``"[::]:0"`` in ``ray.serve._private.replica``'s ``_on_initialized``),
+    whatever the node's address. On a node whose address is the loopback one (the Ray
+    ``ortgen serve --ray`` starts for itself, a cluster started with
+    ``--node-ip-address 127.0.0.1``) this binds it to 127.0.0.1 instead, so that node
+    listens on 127.0.0.1 only; elsewhere Ray's own choice stands. It runs in each replica
+    when the replica's class is unpickled there, which imports this module."""
+    import ray
+    from ray.serve._private import replica
+
+    bind = replica.add_port_to_grpc_server
+
+    def loopback_bind(server: Any, address: str) -> int:
+        if address == "[::]:0" and ray.util.get_node_ip_address() == LOOPBACK:
+            address = f"{LOOPBACK}:0"
+        return int(bind(server, address))
+
+    if getattr(bind, "__name__", "") != "loopback_bind":
+        replica.add_port_to_grpc_server = loopback_bind
+
+
+_bind_replica_grpc_to_loopback()
+
 #: seconds between a replica's reports; a report older than STALE is a replica gone
 INTERVAL = 1.0
 STALE = 3 * INTERVAL
 
 
-@serve.deployment(
-    num_replicas=1,
-    ray_actor_options={"num_cpus": 0},
-    max_ongoing_requests=10_000,  # every replica's report waits here for up to INTERVAL
-    graceful_shutdown_timeout_s=2 * INTERVAL,
-    graceful_shutdown_wait_loop_s=0.2,
-)
-class ReplicaHub:
+class _Hub:
     """The replicas' last reports, and the drain."""
 
     def __init__(self) -> None:
@@ -86,6 +105,18 @@ class ReplicaHub:
             if now - at > STALE:
                 del self.reports[replica]
         return [report for _, report in self.reports.values()]
+
+
+#: the hub's deployment; the class stays importable by name, so a replica unpickles it by
+#: reference and imports this module (and its loopback bind) first
+ReplicaHub = serve.deployment(
+    name="ReplicaHub",
+    num_replicas=1,
+    ray_actor_options={"num_cpus": 0},
+    max_ongoing_requests=10_000,  # every replica's report waits here for up to INTERVAL
+    graceful_shutdown_timeout_s=2 * INTERVAL,
+    graceful_shutdown_wait_loop_s=0.2,
+)(_Hub)
 
 
 @serve.ingress()

@@ -165,7 +165,7 @@ def _drain(serve: Any, grace: float, signals: _Signals) -> None:
     deadline = time.monotonic() + grace + 10
     while signals.count < 2 and time.monotonic() < deadline:
         status = hub.status.remote().result()
-        if all(draining and in_flight == 0 for _, in_flight, draining in status):
+        if status and all(draining and in_flight == 0 for _, in_flight, draining in status):
             return
         time.sleep(0.2)
 
