@@ -135,7 +135,10 @@ def _start_serve(serve: Any, host: str, port: int) -> None:
     serve.start(http_options={"host": host, "port": port})
     from ray.serve.context import _get_global_client  # what serve.start itself checks
 
-    config = _get_global_client().http_config
+    client = _get_global_client()
+    if client is None:  # serve.start has just made one: never None here
+        raise OrtgenError("Ray Serve did not start")
+    config = client.http_config
     if (config.host, config.port) != (host, port):
         raise OrtgenError(
             f"Ray Serve already runs on this cluster with its proxy at {config.host}:"
