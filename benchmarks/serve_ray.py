@@ -1,8 +1,9 @@
 """`ortgen serve --ray`: 1 and 2 Ray Serve replicas against the single-process server,
 under the same load, on this machine's cores.
 
-Three servers, one after the other, each started fresh on a free port: ``ortgen serve``
-(the baseline, all cores), ``ortgen serve --ray --replicas 1 --threads C`` and
+Three servers, one after the other (``--rounds N``: that N times over, so that a busy
+minute on a shared machine shows as a round that disagrees), each started fresh on a
+free port: ``ortgen serve`` (the baseline, all cores), ``ortgen serve --ray --replicas 1 --threads C`` and
 ``--replicas 2 --threads C/2`` (C: this machine's cores; each replica's onnxruntime gets
 its share as intra-op threads, and reserves as many Ray CPUs). Without ``--address``
 each Ray server starts a Ray of its own on 127.0.0.1. Every server gets the load of
@@ -11,7 +12,8 @@ concurrency level, after one warm-up request); the report gives requests/s, toke
 request latency (p50, p95: sending to the last chunk) and time to first token (p50) per
 level, and writes JSON to ``benchmarks/results/serve_ray.json``.
 
-    python benchmarks/serve_ray.py [--model DIR] [--levels 1 4 8 16] [--address HOST:PORT]
+    python benchmarks/serve_ray.py [--model DIR] [--levels 1 4 8 16] [--rounds 1]
+                                   [--address HOST:PORT]
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def main() -> None:
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--address", help="a Ray cluster for the Ray servers (default: their own)")
+    parser.add_argument("--rounds", type=int, default=1, help="the three servers, N times over")
     parser.add_argument("--out", default="benchmarks/results/serve_ray.json")
     args = parser.parse_args()
     args.api_key = None
@@ -53,7 +56,7 @@ def main() -> None:
     if args.model:
         common += ["--model", args.model]
     runs: list[dict[str, Any]] = []
-    for name, flags in configurations(cores):
+    for name, flags in [c for _ in range(args.rounds) for c in configurations(cores)]:
         if args.address and "--ray" in flags:
             flags = [*flags[:1], args.address, *flags[1:]]
         print(f"-- {name}", flush=True)

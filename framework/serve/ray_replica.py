@@ -66,7 +66,7 @@ _bind_replica_grpc_to_loopback()
 
 #: seconds between a replica's reports; a report older than STALE is a replica gone
 INTERVAL = 1.0
-STALE = 3 * INTERVAL
+STALE = 5 * INTERVAL
 
 
 class _Hub:

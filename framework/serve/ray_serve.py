@@ -30,6 +30,7 @@ from types import FrameType
 from typing import Any
 
 from ..errors import OrtgenError
+from ..plugin_host.manager import import_plugin
 from ..util import ray_cluster
 from .model_sources import model_sources
 from .server import check_flags
@@ -94,8 +95,8 @@ def main(args: argparse.Namespace) -> int:
 
 def _replica_args(args: argparse.Namespace, threads: int) -> argparse.Namespace:
     """The flags as a replica reads them: paths that mean the same on a worker (whose
-    current directory is not ours), the models already checked (and GGUF files built),
-    the API key resolved here (a worker has not our environment)."""
+    current directory is not ours), the models and plugins already checked (and GGUF
+    files built), the API key resolved here (a worker has not our environment)."""
     sources = model_sources(args.model or [], args.models_dir)
     given = {k: v for k, v in vars(args).items() if k not in ("func", "ray", "replicas")}
     plugins = [
@@ -104,6 +105,8 @@ def _replica_args(args: argparse.Namespace, threads: int) -> argparse.Namespace:
         else spec
         for spec in args.plugin
     ]
+    for spec in plugins:  # one that cannot import fails here, as on the single server
+        import_plugin(spec)
     pipeline = str(Path(args.pipeline).expanduser().resolve()) if args.pipeline else None
     return argparse.Namespace(
         **{
