@@ -3,9 +3,10 @@ under the same load, on this machine's cores.
 
 Three servers, one after the other (``--rounds N``: that N times over, so that a busy
 minute on a shared machine shows as a round that disagrees), each started fresh on a
-free port: ``ortgen serve`` (the baseline, all cores), ``ortgen serve --ray --replicas 1 --threads C`` and
-``--replicas 2 --threads C/2`` (C: this machine's cores; each replica's onnxruntime gets
-its share as intra-op threads, and reserves as many Ray CPUs). Without ``--address``
+free port: ``ortgen serve`` (the baseline, all cores), ``ortgen serve --ray --replicas 1
+--threads C`` and ``--replicas 2 --threads C/2`` (C: this machine's cores; each
+replica's onnxruntime gets its share as intra-op threads, and reserves as many Ray
+CPUs). Without ``--address``
 each Ray server starts a Ray of its own on 127.0.0.1. Every server gets the load of
 ``serve_load.py`` (streaming greedy chats of exactly ``--max-tokens`` tokens at each
 concurrency level, after one warm-up request); the report gives requests/s, tokens/s,
