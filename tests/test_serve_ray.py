@@ -187,9 +187,16 @@ def test_health_metrics_and_the_api_key_through_the_proxy(served, ray_address): 
         served.client(api_key="wrong").completions.create(model="x", prompt="hi", max_tokens=2)
     status, body = call(served, "/v1/models")
     assert status == 200 and [m["id"] for m in body["data"]] == [served.model]
-    loaded = series(served, "ortgen_model_loaded", model=served.model)
     ids = replicas(ray_address)
-    assert loaded == {**dict.fromkeys(ids, 1.0), "all": 2.0}
+    # the other replica's series are as of its last report (about a second old)
+    wait_for(
+        lambda: (
+            series(served, "ortgen_model_loaded", model=served.model)
+            == {**dict.fromkeys(ids, 1.0), "all": 2.0}
+        ),
+        10,
+        "both replicas' series in /metrics",
+    )
 
 
 def test_a_killed_replica_fails_its_requests_cleanly_and_is_replaced(served, single, ray_address):  # noqa: F811
@@ -242,6 +249,20 @@ def test_a_killed_replica_fails_its_requests_cleanly_and_is_replaced(served, sin
 async def _reference(server: ServerProcess, bodies: list) -> list:
     client = server.async_client()
     return await asyncio.gather(*(_answer(client, k, b, stream=True) for k, b in bodies))
+
+
+def test_a_second_server_on_the_same_cluster_is_refused(served, tiny_dir, ray_address):  # noqa: F811
+    """Serve would replace the running application with the new one: refused instead,
+    in one line, and the first server goes on answering."""
+    args = [sys.executable, "-m", "ortgen.cli", "serve", "--ray", ray_address, "--model"]
+    args += [str(tiny_dir), "--threads", "1", "--port", served.url.rsplit(":", 1)[1]]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120, env=ray_env())
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.endswith(
+        "ortgen: error: an application called 'ortgen' already runs on this cluster's Ray "
+        "Serve (another `ortgen serve --ray`?): stop it first (serve.delete)\n"
+    )
+    assert call(served, "/health", key=None)[0] == 200
 
 
 def test_sigterm_drains_every_replica_then_removes_the_application(served, single, ray_address):  # noqa: F811

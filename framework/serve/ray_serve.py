@@ -156,10 +156,22 @@ def _deploy(serve: Any, application: Any) -> Any:
     try:
         return serve.run(application, name=APP, route_prefix="/")
     except Exception as exc:
-        cause = ray_cluster.ortgen_error_in(exc)
+        cause = ray_cluster.ortgen_error_in(exc, *_status_messages(serve))
         if cause is not None:
             raise cause from None
         raise OrtgenError(f"Ray Serve could not deploy ortgen: {exc}") from exc
+
+
+def _status_messages(serve: Any) -> list[str]:
+    """What Serve says of the application and its deployments (a replica's traceback
+    when it failed to start)."""
+    try:
+        app = serve.status().applications.get(APP)
+    except Exception:  # Serve itself is gone: nothing more to read
+        return []
+    if app is None:
+        return []
+    return [app.message, *(deployment.message for deployment in app.deployments.values())]
 
 
 def _drain(serve: Any, grace: float, signals: _Signals) -> None:

@@ -109,10 +109,11 @@ def check_room(ray: Any, count: int, cpus: float, what: str, flags: str) -> None
 _ORTGEN_ERROR_LINE = re.compile(r"^ortgen\.errors\.\w+: (.+)$", re.MULTILINE)
 
 
-def ortgen_error_in(exc: BaseException) -> OrtgenError | None:
+def ortgen_error_in(exc: BaseException, *texts: str) -> OrtgenError | None:
     """The ortgen error a Ray worker or replica raised, out of what Ray wrapped it in:
     the error itself when Ray kept it, else its text (an actor that failed to start
-    keeps only its traceback's text); None when it was no ortgen error."""
+    keeps only its traceback's text; ``texts``: where else that text may be, e.g. Serve's
+    status messages); None when it was no ortgen error."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
@@ -120,7 +121,7 @@ def ortgen_error_in(exc: BaseException) -> OrtgenError | None:
         if isinstance(current, OrtgenError):
             return current
         current = getattr(current, "cause", None) or current.__cause__ or current.__context__
-    said = _ORTGEN_ERROR_LINE.findall(str(exc))
+    said = _ORTGEN_ERROR_LINE.findall("\n".join([str(exc), *texts]))
     if said:
         return OrtgenError(f"on a Ray worker: {said[-1]}")
     return None
