@@ -111,6 +111,7 @@ async def run_level(
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall = time.perf_counter() - started
     ttft = sorted(r["ttft_s"] for r in results)
+    latency = sorted(r["total_s"] for r in results)
     made = sum(r["tokens"] for r in results)
     return {
         "concurrency": concurrency,
@@ -118,6 +119,9 @@ async def run_level(
         "wall_s": round(wall, 3),
         "tokens": made,
         "tokens_per_s": round(made / wall, 1),
+        "requests_per_s": round(count / wall, 2),
+        "latency_p50_s": round(statistics.median(latency), 3),
+        "latency_p95_s": round(latency[min(len(latency) - 1, int(0.95 * len(latency)))], 3),
         "ttft_p50_s": round(statistics.median(ttft), 3),
         "ttft_p95_s": round(ttft[min(len(ttft) - 1, int(0.95 * len(ttft)))], 3),
         "request_decode_tokens_per_s_p50": round(

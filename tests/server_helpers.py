@@ -35,9 +35,11 @@ KEY = "test-key"
 class ServerProcess:
     """``python -m ortgen.cli serve --port 0 ARGS`` (started at once; ``ready()`` waits)."""
 
-    def __init__(self, *args: str) -> None:
-        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        env = {**os.environ, "PYTHONPATH": path}  # so --plugin tests.server_plugin imports
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        """``env``: the server's environment (default: this process's)."""
+        base = os.environ if env is None else env
+        path = os.pathsep.join(filter(None, [str(ROOT), base.get("PYTHONPATH")]))
+        env = {**base, "PYTHONPATH": path}  # so --plugin tests.server_plugin imports
         env.pop("ORTGEN_API_KEY", None)
         self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - lives as long as the server
         self.proc = subprocess.Popen(

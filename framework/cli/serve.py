@@ -52,14 +52,35 @@ def add_command(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="prefill every prompt whole, not from a prefix another request left",
     )
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="serve as Ray Serve replicas behind Ray Serve's proxy at --host/--port: on "
+        "the Ray cluster at ADDRESS, or a Ray of its own on 127.0.0.1 (needs 'ortgen[ray]')",
+    )
+    p.add_argument(
+        "--replicas", type=int, default=1, metavar="N", help="with --ray: replicas (default 1)"
+    )
     p.set_defaults(func=cmd_serve, one_shot=False)  # a server: it drains, then exits
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
-        from ..serve.server import main as serve
+        if args.ray is not None:
+            from ..serve.ray_serve import main as serve
+        else:
+            from ..serve.server import main as serve
     except ImportError as exc:
         raise OrtgenError(f"ortgen serve needs {exc.name}: pip install 'ortgen[serve]'") from exc
+    if args.ray is None and args.replicas != 1:
+        raise OrtgenError("--replicas needs --ray (replicas are Ray Serve's)")
+    if args.ray is not None and getattr(args, "files_dir", None) is not None:
+        raise OrtgenError(
+            "--files-dir is not served with --ray: each replica would run the folder's "
+            "batches (run the Files and Batches API on one ortgen serve without --ray)"
+        )
     args.cache = None
     if args.cache_spec:
         spec = component_spec(args.cache_spec)

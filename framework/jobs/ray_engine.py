@@ -19,11 +19,9 @@ Ray is imported only here, and only when a job runs, so the local engine never n
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
-import re
 import signal
 import sys
 import threading
@@ -36,6 +34,8 @@ import numpy as np
 from .. import config as config_mod
 from ..errors import ConfigError, OrtgenError
 from ..loop.embedding import check_embedder
+from ..util import ray_cluster
+from ..util.ray_cluster import ray_available
 from .embedding import EmbedOptions, is_embedding
 from .fingerprint import job_print, reconcile, stamp
 from .formats import job_format, model_name
@@ -57,29 +57,11 @@ if TYPE_CHECKING:
 __all__ = ["RAY_MISSING", "ray_available", "require_ray", "run_ray_job"]
 
 RAY_MISSING = "the ray engine needs Ray, which is not installed: pip install 'ortgen[ray]'"
-#: a Ray instance the job starts for itself serves this machine only: its node (GCS, raylet,
-#: object store, workers, agents) has the loopback address, and no dashboard
-LOOPBACK = "127.0.0.1"
-LOOPBACK_ONLY: dict[str, Any] = {
-    "_node_ip_address": LOOPBACK,
-    "include_dashboard": False,
-    "dashboard_host": LOOPBACK,
-}
-
-
-def ray_available() -> bool:
-    """Whether Ray is installed, without importing it (a dry run only checks)."""
-    return importlib.util.find_spec("ray") is not None
 
 
 def require_ray() -> Any:
-    """The ``ray`` module, or an error that says how to get it."""
-    try:
-        import ray
-        import ray.data  # the extra may be missing even when ray is there
-    except ImportError:
-        raise OrtgenError(RAY_MISSING) from None
-    return ray
+    """The ``ray`` module with Ray Data, or an error that says how to get it."""
+    return ray_cluster.require("data", "the ray engine")
 
 
 def run_ray_job(
@@ -147,7 +129,7 @@ def run_ray_job(
             started = _connect_keeping_sigterm(ray, address, workers, threads)
             try:
                 cpus = float(threads or 1)
-                _check_room(ray, workers, cpus)
+                ray_cluster.check_room(ray, workers, cpus, "workers", "--workers or --threads")
                 data = ray.data.from_items([{"row": row} for row in pending])
                 lines = data.map_batches(
                     _Worker,
@@ -235,54 +217,18 @@ class _Worker:
 
 
 def _connect(ray: Any, address: str | None, workers: int, threads: int | None) -> bool:
-    """Join the cluster at ``address``, or start a local instance; True when this call
-    started Ray (so the job shuts it down), False when the caller had already."""
-    if ray.is_initialized():
+    """Join the cluster at ``address``, or start a local instance (``ray_cluster``); True
+    when this call started Ray (so the job shuts it down), False when the caller had
+    already."""
+    # enough CPUs for the pool even on a small machine: Ray waits forever otherwise
+    cpus = max(os.cpu_count() or 1, workers * (threads or 1))
+    if not ray_cluster.connect(ray, address, cpus):
         return False
-    quiet: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False}
-    if address:
-        try:
-            ray.init(address=address, **quiet)
-        except (ConnectionError, RuntimeError) as exc:
-            raise OrtgenError(f"cannot connect to the Ray cluster at {address}: {exc}") from None
-    else:
-        # enough CPUs for the pool even on a small machine: Ray waits forever otherwise
-        cpus = max(os.cpu_count() or 1, workers * (threads or 1))
-        _start_local(ray, cpus, quiet)
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # the job draws its own progress line
     context.print_on_execution_start = False
     logging.getLogger("ray.data").setLevel(logging.ERROR)  # e.g. "progress bars disabled"
     return True
-
-
-def _start_local(ray: Any, cpus: int, quiet: dict[str, Any]) -> None:
-    """A Ray instance of the job's own, listening on the loopback address only.
-
-    ``_node_ip_address`` is how ``ray.init`` names the node's address, but Ray 2.60 turns a
-    loopback address into the machine's interface address whenever clusters are enabled
-    (``ray._private.services.resolve_ip_for_localhost``; they are, on Linux), and the GCS,
-    raylet, workers and agents then listen on that interface or on every one (measured:
-    ``gcs_server`` and ``raylet`` on ``::``, the runtime-env agent on the interface
-    address). With clusters off (what ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` sets when Ray
-    is imported) it keeps the loopback address and every one of them listens there, so
-    that switch is off while this instance starts. The node's address is checked after:
-    a Ray that chose another one is stopped and the job refused."""
-    constants: Any = importlib.import_module("ray._private.ray_constants")
-    clusters = getattr(constants, "ENABLE_RAY_CLUSTER", None)
-    constants.ENABLE_RAY_CLUSTER = False
-    try:
-        ray.init(address="local", num_cpus=cpus, **LOOPBACK_ONLY, **quiet)
-    finally:
-        constants.ENABLE_RAY_CLUSTER = clusters
-    addresses = {node.get("NodeManagerAddress") for node in ray.nodes()}
-    if addresses != {LOOPBACK}:
-        ray.shutdown()
-        raise OrtgenError(
-            f"the local Ray instance took the address {', '.join(map(str, addresses))}, not "
-            f"{LOOPBACK}: ortgen starts Ray for this machine only. Start a Ray cluster "
-            "yourself (ray start --head) and give its --address"
-        )
 
 
 def _connect_keeping_sigterm(
@@ -301,16 +247,6 @@ def _connect_keeping_sigterm(
             signal.signal(signal.SIGTERM, previous)
 
 
-def _check_room(ray: Any, workers: int, cpus: float) -> None:
-    """A pool the cluster cannot hold would wait forever: say so instead."""
-    total = ray.cluster_resources().get("CPU", 0.0)
-    if workers * cpus > total:
-        raise OrtgenError(
-            f"{workers} workers of {cpus:g} CPUs each need {workers * cpus:g} CPUs; the Ray "
-            f"cluster has {total:g}: use fewer --workers or --threads"
-        )
-
-
 def _results(lines: Any) -> Iterator[list[str]]:
     """Each group of result lines as the pool hands it back; an ortgen error raised on
     a worker (a model that cannot load there, a bad pipeline) comes back as itself."""
@@ -320,25 +256,7 @@ def _results(lines: Any) -> Iterator[list[str]]:
     except OrtgenError:
         raise
     except Exception as exc:  # Ray wraps what failed on a worker in its own types
-        cause = _ortgen_cause(exc)
+        cause = ray_cluster.ortgen_error_in(exc)
         if cause is not None:
             raise cause from None
-        said = _ORTGEN_ERROR_LINE.findall(str(exc))
-        if said:  # an actor that failed to start: Ray keeps only the text of its error
-            raise OrtgenError(f"on a Ray worker: {said[-1]}") from None
         raise OrtgenError(f"the Ray job failed: {type(exc).__name__}: {exc}") from exc
-
-
-#: the last line of a worker's traceback when it raised an ortgen error
-_ORTGEN_ERROR_LINE = re.compile(r"^ortgen\.errors\.\w+: (.+)$", re.MULTILINE)
-
-
-def _ortgen_cause(exc: BaseException) -> OrtgenError | None:
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, OrtgenError):
-            return current
-        current = getattr(current, "cause", None) or current.__cause__ or current.__context__
-    return None

@@ -34,22 +34,8 @@ from .state import ServerState
 
 def main(args: argparse.Namespace) -> int:
     """Run the server until SIGTERM/SIGINT; 0 after a clean drain."""
-    _check_flags(args)
-    plugins: list[object] = [import_plugin(spec) for spec in args.plugin]
-    sources = model_sources(args.model or [], args.models_dir)
-    load = _loader(args, plugins)
-    if sources:
-        pool = ModelPool(sources, load, max_loaded=args.max_loaded)
-        pool.load_now(pool.default_id)  # a model or flag that cannot serve fails now
-    else:  # the pipeline's model, or the built-in one (built on first use)
-        pool = ModelPool.single(load(None, None))
-    state = ServerState(
-        pool,
-        api_key=args.api_key or os.environ.get("ORTGEN_API_KEY") or None,
-        max_body_bytes=args.max_body_bytes,
-        web=not getattr(args, "no_web", False),
-        files_dir=_files_dir(getattr(args, "files_dir", None)),
-    )
+    check_flags(args)
+    state = build_state(args)
     sock = _bind(args.host, args.port)
     config = uvicorn.Config(
         build_app(state),
@@ -62,6 +48,26 @@ def main(args: argparse.Namespace) -> int:
     _Server(config, state, grace=args.grace).run(sockets=[sock])
     print("ortgen serve: stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def build_state(args: argparse.Namespace) -> ServerState:
+    """What the app serves, from the flags: the plugins, the models (the first loaded
+    now), the API key and limits. A Ray Serve replica builds its own the same way."""
+    plugins: list[object] = [import_plugin(spec) for spec in args.plugin]
+    sources = model_sources(args.model or [], args.models_dir)
+    load = _loader(args, plugins)
+    if sources:
+        pool = ModelPool(sources, load, max_loaded=args.max_loaded)
+        pool.load_now(pool.default_id)  # a model or flag that cannot serve fails now
+    else:  # the pipeline's model, or the built-in one (built on first use)
+        pool = ModelPool.single(load(None, None))
+    return ServerState(
+        pool,
+        api_key=args.api_key or os.environ.get("ORTGEN_API_KEY") or None,
+        max_body_bytes=args.max_body_bytes,
+        web=not getattr(args, "no_web", False),
+        files_dir=_files_dir(getattr(args, "files_dir", None)),
+    )
 
 
 def _loader(args: argparse.Namespace, plugins: list[object]) -> Callable[..., ServedModel]:
@@ -90,7 +96,8 @@ def _loader(args: argparse.Namespace, plugins: list[object]) -> Callable[..., Se
     return load_model
 
 
-def _check_flags(args: argparse.Namespace) -> None:
+def check_flags(args: argparse.Namespace) -> None:
+    """The flags' values, checked before anything loads."""
     for flag, value, low in (
         ("--max-batch", args.max_batch, 1),
         ("--max-queue", args.max_queue, 1),  # rows wait in the queue before they join
