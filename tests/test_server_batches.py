@@ -434,3 +434,14 @@ def test_without_files_dir_the_routes_say_how_to_turn_them_on(tiny_dir):
         assert "--files-dir" in response.json()["error"]["message"]
     response = http.post("/v1/files", files={"file": ("a", io.BytesIO(b"x"))})
     assert response.status_code == 404 and "--files-dir" in response.text
+
+
+def test_files_dir_is_refused_with_ray(tmp_path, capsys):
+    """Every Ray Serve replica would run the folder's batches: the pair is one clear
+    error before anything starts (no Ray is reached)."""
+    from ortgen.cli import main
+
+    assert main(["serve", "--ray", "--files-dir", str(tmp_path / "files")]) == 2
+    err = capsys.readouterr().err
+    assert "--files-dir" in err and "--ray" in err
+    assert not (tmp_path / "files").exists()
