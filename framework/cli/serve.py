@@ -46,6 +46,12 @@ def add_command(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="prefill every prompt whole, not from a prefix another request left",
     )
+    p.add_argument(
+        "--keep-memory",
+        action="store_true",
+        help="keep freed memory for reuse instead of giving it back after long prompts "
+        "and when idle (RSS then stays at the largest requests served)",
+    )
     p.set_defaults(func=cmd_serve, one_shot=False)  # a server: it drains, then exits
 
 

@@ -31,6 +31,7 @@ import onnxruntime as ort
 from ..errors import InputError, ModelLoadError
 from ..util.exclusive import Exclusive
 from ..util.jsonfile import read_json_object
+from .memory import shrink_options, trim_heap
 
 MODEL_FILE = "model.onnx"
 GENAI_CONFIG = "genai_config.json"
@@ -252,6 +253,11 @@ class ExportedModel:
         self.config = read_model_config(self.path)
         self.signature = read_signature(self.session, graph)
         self.max_context = max_context(self.config)
+        #: after each forward wider than one position (a prefill chunk, a verify), hand
+        #: the C heap's free pages back to the OS (``ortgen.model.memory``), so RSS does
+        #: not stay at the longest prompt run; False keeps them (``ortgen serve
+        #: --keep-memory``). Decode steps never trim.
+        self.release_memory = True
 
     def binding(self) -> ForwardBinding:
         """A new binding for one request's forwards (see :class:`ForwardBinding`)."""
@@ -371,7 +377,11 @@ class ForwardBinding:
                 else:
                     binding.bind_ortvalue_output(name, presents[index])
             self._bound = (past, presents) if presents is not None else (None, None)
-        self._session.run_with_iobinding(binding)
+        if width > 1 and self.model.release_memory:
+            self._session.run_with_iobinding(binding, shrink_options())
+            trim_heap()
+        else:
+            self._session.run_with_iobinding(binding)
         if logits_view is not None and presents is not None:  # nothing new to collect
             return logits_view, presents
         outputs = binding.get_outputs()  # in binding order: logits first

@@ -29,6 +29,7 @@ from ..errors import InputError
 from ..loop.chain import Chain
 from ..loop.generate import Generation
 from ..loop.step_report import StepReport
+from ..model.memory import trim_heap
 from ..plugin_host.chains import build_chain
 from ..request import start_row
 from ..request.outputs import StreamPiece
@@ -159,6 +160,7 @@ class Engine:
         share_prefixes: bool = True,
         cache: tuple[str, dict[str, Any]] | None = None,
         stats: EngineStats | None = None,
+        release_memory: bool = True,
     ) -> None:
         if max_batch < 1 or max_queue < 0:
             raise ValueError("max_batch must be at least 1 and max_queue at least 0")
@@ -170,6 +172,10 @@ class Engine:
         self.max_queue = max_queue
         #: whether a row starts from a prompt prefix a slot holds (``ortgen.plugins.kv_slots``)
         self.share_prefixes = share_prefixes
+        #: give memory back when the batch empties: the built-in ``slots`` cache keeps
+        #: one prefix (``compact``), the C heap's free pages go back to the OS
+        #: (``ortgen.model.memory``); False: ``ortgen serve --keep-memory``
+        self.release_memory = release_memory
         #: the counters; a server passes the same object to each engine a model gets
         #: (it may be unloaded and loaded again), so its counters only grow
         self.stats = stats if stats is not None else EngineStats()
@@ -372,6 +378,8 @@ class Engine:
                 self._finish(handle, outcome or "finished")
         order = self._batch.release(gone)
         rows[:] = [rows[i] for i in order]
+        if not rows and self.release_memory:
+            trim_heap()
 
     def open_batch(self) -> Generation:
         """The open batch every row joins, over one KV cache for every row (made once; a
@@ -389,6 +397,7 @@ class Engine:
             elif gen.model.signature.shared_kv:
                 name = "slots"
                 params = {"capacity": SLOT_POSITIONS, "share": self.share_prefixes}
+                params["compact"] = self.release_memory
             else:
                 name, params = "concat_slots", {}
             cache = gen.registry.create("kv_cache", name, params, ctx)
