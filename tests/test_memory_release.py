@@ -1,5 +1,6 @@
-"""Memory given back (``ortgen.model.memory``, the ``slots`` cache's ``compact``): the heap
-is trimmed after each forward wider than one position and never after a decode step;
+"""Memory given back (``ortgen.model.memory``, the ``slots`` cache's ``compact``): a
+prefill's last chunk runs with onnxruntime's arena shrinkage and the heap is trimmed
+after it, never after a decode step;
 when the last row of a served batch leaves, the slots cache keeps one prefix in buffers
 of the fewest positions and the engine trims; ``release_memory = False`` and
 ``compact=False`` (``ortgen serve --keep-memory``) keep everything. RSS itself is noisy
@@ -30,15 +31,16 @@ def fused(tiny_root: Path):
 
 
 class _Spy:
-    """Stands in for the session: records each run's ``input_ids`` width, and a
-    ``trim`` between runs."""
+    """Stands in for the session: records each run, as ``shrink`` when its run options
+    ask onnxruntime to shrink the CPU arena (read back through onnxruntime's own API)."""
 
     def __init__(self, real, events: list[str]) -> None:
         self.real, self.events = real, events
 
     def run_with_iobinding(self, binding, *args) -> None:
         self.real.run_with_iobinding(binding, *args)
-        self.events.append("run")
+        shrinks = bool(args) and args[0].get_run_config_entry(memory.SHRINK_KEY) == "cpu:0"
+        self.events.append("shrink" if shrinks else "run")
 
     def __getattr__(self, name: str):
         return getattr(self.real, name)
@@ -52,14 +54,14 @@ def _events(gen, monkeypatch, prompt: list[int], new: int) -> list[str]:
     return events
 
 
-def test_the_heap_is_trimmed_after_each_prefill_chunk_and_never_after_a_decode_step(
+def test_memory_is_given_back_after_a_prefill_once_and_never_after_a_decode_step(
     fused, monkeypatch
 ) -> None:
     monkeypatch.setattr(generate_module, "PREFILL_CHUNK", 8)  # each Generation reads it
     prompt = fused.tokenizer.encode("a prompt of twenty chars")[:20]
     events = _events(fused, monkeypatch, prompt, 4)
-    # 20 tokens in chunks of 8: 8, 8, 4, each trimmed after; then 3 decode steps
-    assert events == ["run", "trim"] * 3 + ["run"] * 3
+    # 20 tokens in chunks of 8: 8, 8, 4, the heap trimmed after the last; 3 decode steps
+    assert events == ["run", "run", "shrink", "trim", "run", "run", "run"]
 
 
 def test_release_memory_false_never_trims(fused, monkeypatch) -> None:

@@ -253,10 +253,10 @@ class ExportedModel:
         self.config = read_model_config(self.path)
         self.signature = read_signature(self.session, graph)
         self.max_context = max_context(self.config)
-        #: after each forward wider than one position (a prefill chunk, a verify), hand
-        #: the C heap's free pages back to the OS (``ortgen.model.memory``), so RSS does
-        #: not stay at the longest prompt run; False keeps them (``ortgen serve
-        #: --keep-memory``). Decode steps never trim.
+        #: after a prefill (its last chunk), shrink onnxruntime's CPU arena and hand the
+        #: C heap's free pages back to the OS (``ortgen.model.memory``), so RSS does not
+        #: stay at the longest prompt run; False keeps them (``ortgen serve
+        #: --keep-memory``). Decode steps never do.
         self.release_memory = True
 
     def binding(self) -> ForwardBinding:
@@ -309,6 +309,11 @@ class ForwardBinding:
         self._running = Exclusive(f"a forward binding of {model.path}")
         self._bound_keep = 0  # the logits_to_keep bound last (0: none yet)
         self._keep_value: np.ndarray | None = None
+        #: whether a forward wider than one position gives memory back after it (the
+        #: arena's free regions, the heap's free pages; ``model.release_memory`` too):
+        #: the loop sets it for a prefill's last chunk, so a long prompt's chunks reuse
+        #: what the one before took and release it once
+        self.release_after = True
 
     def __deepcopy__(self, memo: dict[int, Any]) -> ForwardBinding:
         """A copy of a request (``Generation.fork``) binds its own buffers."""
@@ -377,7 +382,7 @@ class ForwardBinding:
                 else:
                     binding.bind_ortvalue_output(name, presents[index])
             self._bound = (past, presents) if presents is not None else (None, None)
-        if width > 1 and self.model.release_memory:
+        if width > 1 and self.release_after and self.model.release_memory:
             self._session.run_with_iobinding(binding, shrink_options())
             trim_heap()
         else:
