@@ -18,12 +18,12 @@ from ab_decode import interleaved_steps
 
 import ortgen
 
-WORDS = "the river ran past the old mill and the garden behind it".split()
+WORDS = ("the", "river", "ran", "past", "the", "old", "mill", "and", "the", "garden", "behind")
 
 
 def prefill_seconds(gens: list, tokens: int, rounds: int) -> list[list[float]]:
     """Seconds of a ``tokens``-token prefill per generator, alternating A/B each round."""
-    words = (WORDS * (tokens // len(WORDS) + 1))[: 2 * tokens]
+    words = list(WORDS) * (tokens // len(WORDS) + 1)
     prompt = gens[0].tokenizer.encode(" ".join(words))[:tokens]
     times: list[list[float]] = [[], []]
     for round_ in range(rounds):

@@ -16,11 +16,12 @@ threads, each drawn at random (seeded by ``--seed``):
 Every answer must be well formed (soak.py's checks: the choices, finish reasons,
 usage). The server's RSS (``VmRSS`` of ``/proc/PID/status``) is read after the first
 request, after every ``--every`` requests answered, and at the end (``--settle`` seconds
-after the last answer: the server idle); its peak is the kernel's ``VmHWM``. Goal: RSS at the end <= ``--bound`` (1.5) x RSS after the first
-request; the script prints PASS or FAIL and exits 1 on FAIL.
+after the last answer: the server idle); its peak is the kernel's ``VmHWM``. Goal: RSS
+at the end <= ``--bound`` (1.5) x RSS after the first request; the script prints PASS
+or FAIL and exits 1 on FAIL.
 
     python benchmarks/soak_memory.py [--requests 1000] [--clients 4] [--every 50]
-        [--max-prompt-tokens 2000] [--max-tokens 16] [--server-flag=--no-arena-shrink]
+        [--max-prompt-tokens 2000] [--max-tokens 16] [--server-flag=--keep-memory]
         [--json benchmarks/results/soak_memory.json]
 """
 
@@ -33,6 +34,7 @@ import os
 import platform
 import random
 import secrets
+import subprocess
 import sys
 import tempfile
 import threading
@@ -41,18 +43,68 @@ from collections import Counter
 from typing import Any
 
 from serve_load import QUESTIONS, launch
-from soak import Result, Soak, generate, read_rss
+from soak import Soak, generate, read_rss
 from sweep import write_report
 
 BOUND = 1.5
 #: the words prompts are drawn from (any English words: only their count matters)
 WORDS = (
-    "river mountain window garden silver morning quiet engine paper bridge orange "
-    "winter travel letter market candle forest signal harbor pocket thunder meadow "
-    "lantern copper velvet canyon pepper saddle violin marble anchor feather tunnel "
-    "cotton meteor basket island ladder planet rocket shadow statue temple valley "
-    "wagon zebra almond breeze castle dragon falcon glacier hammer jungle kettle"
-).split()
+    "river",
+    "mountain",
+    "window",
+    "garden",
+    "silver",
+    "morning",
+    "quiet",
+    "engine",
+    "paper",
+    "bridge",
+    "orange",
+    "winter",
+    "travel",
+    "letter",
+    "market",
+    "candle",
+    "forest",
+    "signal",
+    "harbor",
+    "pocket",
+    "thunder",
+    "meadow",
+    "lantern",
+    "copper",
+    "velvet",
+    "canyon",
+    "pepper",
+    "saddle",
+    "violin",
+    "marble",
+    "anchor",
+    "feather",
+    "tunnel",
+    "cotton",
+    "meteor",
+    "basket",
+    "island",
+    "ladder",
+    "planet",
+    "rocket",
+    "shadow",
+    "statue",
+    "temple",
+    "valley",
+    "wagon",
+    "zebra",
+    "almond",
+    "breeze",
+    "castle",
+    "dragon",
+    "falcon",
+    "glacier",
+    "hammer",
+    "jungle",
+    "kettle",
+)
 SCHEMA = {
     "type": "object",
     "properties": {"answer": {"type": "string"}, "score": {"type": "integer"}},
@@ -229,7 +281,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--server-flag",
         action="append",
         default=[],
-        help="one more flag for the server (repeat; e.g. --server-flag=--no-arena-shrink)",
+        help="one more flag for the server (repeat; e.g. --server-flag=--keep-memory)",
     )
     parser.add_argument("--bound", type=float, default=BOUND, help="end / first RSS (1.5)")
     parser.add_argument(
@@ -238,7 +290,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rss-every", type=float, default=0.5, help="seconds between samples")
     parser.add_argument("--json", default="benchmarks/results/soak_memory.json")
     args = parser.parse_args(argv)
-    if args.requests < 1 or args.every < 1 or not 16 <= args.max_prompt_tokens:
+    if args.requests < 1 or args.every < 1 or not args.max_prompt_tokens >= 16:
         parser.error("--requests and --every must be >= 1, --max-prompt-tokens >= 16")
     if args.max_tokens < 4 or args.clients < 1:
         parser.error("--max-tokens must be >= 4 and --clients >= 1")
@@ -275,7 +327,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         server.terminate()
         try:
             server.wait(30)
-        except Exception:  # noqa: BLE001 - a server that will not stop is killed
+        except subprocess.TimeoutExpired:  # a server that will not stop is killed
             server.kill()
             server.wait()
     report = summarise(soak, args, first, hwm, samples)

@@ -153,3 +153,23 @@ def test_an_idle_engine_compacts_and_trims_and_answers_as_alone(fused, monkeypat
     got, trims, cache, reused = _serve(fused, monkeypatch, False, jobs)
     assert trims == [] and cache.compact is False
     assert all(b.shape[2] > 100 for b in cache._buffers)  # grown for the long prompt
+
+
+def test_slot_buffers_are_anonymous_maps_of_their_own(fused) -> None:
+    # np.zeros (calloc) on a heap block writes, and so maps, every page; a map of its own
+    # is zero without being written and is unmapped whole when freed
+    import mmap
+
+    from ortgen.plugins.caches import lazy_zeros
+
+    def owner(array: np.ndarray) -> object:
+        base: object = array
+        while isinstance(base, np.ndarray):
+            base = base.base
+        return base.obj if isinstance(base, memoryview) else base
+
+    cache = _cache(fused, compact=True)
+    assert all(isinstance(owner(b), mmap.mmap) for b in cache._buffers)
+    zeros = lazy_zeros((2, 3, 1 << 16), np.dtype(np.float32))
+    assert zeros.flags.writeable and zeros.shape == (2, 3, 1 << 16) and not zeros.any()
+    assert lazy_zeros((0, 3), np.dtype(np.float32)).shape == (0, 3)
