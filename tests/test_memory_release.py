@@ -173,3 +173,21 @@ def test_slot_buffers_are_anonymous_maps_of_their_own(fused) -> None:
     zeros = lazy_zeros((2, 3, 1 << 16), np.dtype(np.float32))
     assert zeros.flags.writeable and zeros.shape == (2, 3, 1 << 16) and not zeros.any()
     assert lazy_zeros((0, 3), np.dtype(np.float32)).shape == (0, 3)
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_ortgen_serve_keep_memory_reaches_the_model_and_the_cache(fused, keep) -> None:
+    from ortgen.cli.parser import build_parser
+    from ortgen.serve.model_pool import ModelSource
+    from ortgen.serve.server import _loader
+
+    flags = ["serve", "--threads", "1", *(["--keep-memory"] if keep else [])]
+    args = build_parser().parse_args(flags)
+    args.cache = None  # what cmd_serve sets from --cache
+    served = _loader(args, [])(ModelSource("m", fused.path), None)
+    try:
+        assert served.gen.model.release_memory is not keep
+        assert served.engine.release_memory is not keep
+        assert served.engine.open_batch().chain.cache.compact is not keep
+    finally:
+        served.engine.shutdown()
