@@ -16,9 +16,10 @@ threads, each drawn at random (seeded by ``--seed``):
 Every answer must be well formed (soak.py's checks: the choices, finish reasons,
 usage). The server's RSS (``VmRSS`` of ``/proc/PID/status``) is read after the first
 request, after every ``--every`` requests answered, and at the end (``--settle`` seconds
-after the last answer: the server idle); its peak is the kernel's ``VmHWM``. Goal: RSS
-at the end <= ``--bound`` (1.5) x RSS after the first request; the script prints PASS
-or FAIL and exits 1 on FAIL.
+after the last answer: the server idle); its peak is the kernel's ``VmHWM``; its parts
+``RssAnon`` and ``RssFile`` (anonymous memory, file pages) after the first request and
+at the end. Goal: RSS at the end <= ``--bound`` (1.5) x RSS after the first request; the
+script prints PASS or FAIL and exits 1 on FAIL.
 
     python benchmarks/soak_memory.py [--requests 1000] [--clients 4] [--every 50]
         [--max-prompt-tokens 2000] [--max-tokens 16] [--server-flag=--keep-memory]
@@ -47,6 +48,9 @@ from soak import Soak, generate, read_rss
 from sweep import write_report
 
 BOUND = 1.5
+#: the parts of VmRSS: anonymous memory (what the process can give back) and file pages
+#: (the model's and the libraries' code and data, clean, shared with the page cache)
+PARTS = ("RssAnon", "RssFile")
 #: the words prompts are drawn from (any English words: only their count matters)
 WORDS = (
     "river",
@@ -314,11 +318,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         first_result = generate(soak, "first", "/v1/chat/completions", first_body())
         soak.results.append(first_result)
         first = vm_status(server.pid, "VmRSS") or 0
+        parts = {f"{name}_after_first": vm_status(server.pid, name) for name in PARTS}
         sampler = threading.Thread(target=sample_rss, args=(soak, args.rss_every), daemon=True)
         sampler.start()
         samples = run_requests(soak, args, ratio)
         time.sleep(args.settle)  # the last rows leave the batch after their answers
         end = vm_status(server.pid, "VmRSS") or 0
+        parts.update({f"{name}_end": vm_status(server.pid, name) for name in PARTS})
         samples.append({"requests": args.requests, "at_s": round(soak.now(), 1), "rss": end})
         hwm = vm_status(server.pid, "VmHWM") or 0
         soak.stop.set()
@@ -331,6 +337,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             server.kill()
             server.wait()
     report = summarise(soak, args, first, hwm, samples)
+    report["parts"] = parts
     log.seek(0)
     report["server_log_tail"] = log.read()[-4000:]
     return report
@@ -348,6 +355,12 @@ def table(report: dict[str, Any]) -> str:
         f"| {report['rss_after_first'] / mib:.0f} MiB | {report['rss_end'] / mib:.0f} MiB "
         f"| {report['end_over_first']:.2f}x | {report['rss_hwm'] / mib:.0f} MiB "
         f"| {report['bound']}x |",
+        "",
+        "Of which anonymous / file pages: after the first "
+        f"{(report['parts']['RssAnon_after_first'] or 0) / mib:.0f} / "
+        f"{(report['parts']['RssFile_after_first'] or 0) / mib:.0f} MiB, at the end "
+        f"{(report['parts']['RssAnon_end'] or 0) / mib:.0f} / "
+        f"{(report['parts']['RssFile_end'] or 0) / mib:.0f} MiB",
         "",
         "RSS after every so many requests: "
         + ", ".join(f"{s['requests']}: {s['rss'] / mib:.0f}" for s in report["samples"]),

@@ -116,5 +116,8 @@ def test_memory_soak_on_tiny_model(tiny_text_model: Path, tmp_path: Path) -> Non
     assert report["end_over_first"] == round(end / first, 3)
     assert report["rss_hwm"] >= max(first, end)
     assert report["passed"] == (end / first <= 1.5)
+    parts = report["parts"]
+    for when in ("after_first", "end"):  # the kernel's split of VmRSS, to a page or so
+        assert parts[f"RssAnon_{when}"] > 0 and parts[f"RssFile_{when}"] > 0
     table = memory.table(report)
     assert ("PASS" if report["passed"] else "FAIL") + ": RSS at the end is" in table
