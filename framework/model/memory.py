@@ -8,7 +8,8 @@ run asks onnxruntime to shrink its arena (``shrink_options``) and glibc's
 ``malloc_trim(0)`` hands the heap's free pages back (``trim_heap``); decode steps do
 neither. Measured at no cost on decode steps or on a 2,000-token prefill
 (docs/benchmarks.md, "Memory over a long run"); trimming after every chunk instead cost
-the prefill ~7%, as each chunk faulted in again what the one before had given back."""
+the prefill 7% on a busy machine (0.933x), each chunk faulting in again what the one
+before had given back."""
 
 from __future__ import annotations
 
