@@ -20,6 +20,32 @@ PROMPT = "Write a long story about a lighthouse keeper who finds a strange map."
 CHUNK = 8
 
 
+def decode_states(gens: list, rounds: int, start=None) -> list:
+    """One greedy request of ``PROMPT`` per generator, prefilled (untimed), with room
+    for ``rounds`` chunks of steps; ``start(gen, prompt, new)`` makes one (default
+    ``gen.start``)."""
+    prompt = gens[0].tokenizer.encode(PROMPT)
+    new = rounds * CHUNK + 1
+    start = start or (lambda gen, ids, n: gen.start([ids], max_new_tokens=n, eos_token_id=None))
+    states = [start(gen, prompt, new) for gen in gens]
+    for state in states:
+        state.step()  # the prefill, not timed
+    return states
+
+
+def interleaved_steps(states: list, rounds: int) -> list[list[float]]:
+    """Seconds of each decode step of two requests, ``CHUNK`` steps of one then of the
+    other (the order alternating each round)."""
+    times: list[list[float]] = [[], []]
+    for round_ in range(rounds):
+        for which in (0, 1) if round_ % 2 == 0 else (1, 0):
+            for _ in range(CHUNK):
+                started = time.perf_counter()
+                states[which].step()
+                times[which].append(time.perf_counter() - started)
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("a", help="model folder A (the baseline)")
@@ -28,18 +54,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     gens = [ortgen.load(path, threads=args.threads) for path in (args.a, args.b)]
-    prompt = gens[0].tokenizer.encode(PROMPT)
-    new = args.rounds * CHUNK + 1
-    states = [gen.start([prompt], max_new_tokens=new, eos_token_id=None) for gen in gens]
-    for state in states:
-        state.step()  # the prefill, not timed
-    times: list[list[float]] = [[], []]
-    for round_ in range(args.rounds):
-        for which in (0, 1) if round_ % 2 == 0 else (1, 0):
-            for _ in range(CHUNK):
-                started = time.perf_counter()
-                states[which].step()
-                times[which].append(time.perf_counter() - started)
+    times = interleaved_steps(decode_states(gens, args.rounds), args.rounds)
     a, b = (statistics.median(t) * 1000 for t in times)
     print(f"A {args.a}: {a:.2f} ms/step (median of {len(times[0])})")
     print(f"B {args.b}: {b:.2f} ms/step (median of {len(times[1])})")

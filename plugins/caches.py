@@ -20,6 +20,7 @@ them. Their attributes starting with ``_`` are not, nor is any other module of
 from __future__ import annotations
 
 import copy
+import mmap
 from typing import Any, Self
 
 import numpy as np
@@ -84,12 +85,26 @@ class DynamicCache:
         return sum(int(np.prod(_shape(v))) for v in self._values) * self._itemsize
 
 
+def lazy_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """Zeros in an anonymous memory map of their own: the OS maps a page only when it is
+    written, and the map goes back whole when the array is freed. ``np.zeros`` (calloc)
+    zeroes, and so makes resident, every page of a block glibc takes from its heap,
+    which it does for blocks of many MiB too once freeing one has raised its mmap
+    threshold: a server's slot buffers were then resident in full (docs/benchmarks.md,
+    "Memory over a long run")."""
+    size = int(np.prod(shape)) * dtype.itemsize
+    if size == 0:
+        return np.zeros(shape, dtype)
+    return np.frombuffer(mmap.mmap(-1, size), dtype=dtype).reshape(shape)
+
+
 class StaticCache:
     """Preallocated (B, kv_heads, capacity, head_dim) buffers per past tensor, bound as outputs.
 
     ``capacity`` defaults to the request's ``max_length``; a forward that needs more
     (a chat that goes on) grows the buffers by doubling, copying what they hold.
-    Memory is reserved lazily by the OS, so an unused capacity costs no RSS.
+    Memory is reserved lazily by the OS (``lazy_zeros``), so an unused capacity costs
+    no RSS.
     """
 
     def __init__(self, *, ctx: GenerationContext, capacity: int | None = None) -> None:
@@ -203,12 +218,12 @@ class StaticCache:
         self._capacity = capacity
         shape = (self._rows, self._heads, capacity, self._head_dim)
         if self._shared:
-            self._buffers = [np.zeros(shape, self._dtype) for _ in self._names]
+            self._buffers = [lazy_zeros(shape, self._dtype) for _ in self._names]
             self._all_values = [ort.OrtValue.ortvalue_from_numpy(b) for b in self._buffers]
             self.select(self._selected)  # a row selected before growing stays selected
         else:  # two flat halves per tensor; views of their prefix take any length
             size = int(np.prod(shape))
-            self._flat = [[np.zeros(size, self._dtype) for _ in range(2)] for _ in self._names]
+            self._flat = [[lazy_zeros((size,), self._dtype) for _ in range(2)] for _ in self._names]
             self._current = 0
 
     def _expose(self, values: list[ort.OrtValue]) -> None:

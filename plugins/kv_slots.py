@@ -78,13 +78,25 @@ class SlotCache(StaticCache):
         capacity: positions per slot to start with (grown by doubling as rows need;
             default the context's ``max_length``).
         share: whether a joining row starts from a prefix another slot holds.
+        compact: when the last row leaves, keep only the prefix of the slot that held
+            the longest one of the rows leaving (the conversation that just ended; its
+            next turn still starts from it), in buffers of the fewest positions that
+            hold it (``capacity`` doubled as needed). The other slots' keys/values go
+            back to the OS, so an idle server's RSS does not stay at ``max_batch`` long
+            prompts. False: every slot keeps its prefix and the buffers keep their size.
     """
 
     def __init__(
-        self, *, ctx: GenerationContext, capacity: int | None = None, share: bool = True
+        self,
+        *,
+        ctx: GenerationContext,
+        capacity: int | None = None,
+        share: bool = True,
+        compact: bool = True,
     ) -> None:
-        if not isinstance(share, bool):
-            raise ValueError(f"share must be true or false, got {share!r}")
+        for name, value in (("share", share), ("compact", compact)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be true or false, got {value!r}")
         self._held: list[tuple[int, ...]] = [()] * ctx.batch_size
         self.active = 0  # before the buffers: allocating exposes the active rows
         super().__init__(ctx=ctx, capacity=capacity)
@@ -93,6 +105,8 @@ class SlotCache(StaticCache):
                 "the slots cache is for shared-buffer (fused) graphs; use concat_slots"
             )
         self.share = share
+        self.compact = compact
+        self._first_capacity = self._capacity
 
     def _grow(self, needed: int) -> None:
         """Double the positions, copying only the rows in use: the free rows' pages
@@ -132,13 +146,35 @@ class SlotCache(StaticCache):
         place never overwrites a row still to be moved. A slot no row moved into keeps
         its keys/values, and so the prefix it holds."""
         sources = [int(source) for source in order]
+        if not sources and self.compact:
+            self._keep_one(self.active)
+            return
+        held = self._length  # no row holds more: the positions past it stay untouched
         for target, source in enumerate(sources):
             if source != target:
                 for buffer in self._buffers:
-                    buffer[target] = buffer[source]
+                    buffer[target, :, :held] = buffer[source, :, :held]
         self._held = [self._held[s] for s in sources] + self._held[len(sources) :]
         self.active = len(sources)
         self.select(None)
+
+    def _keep_one(self, leaving: int) -> None:
+        """Every row left (the first ``leaving`` slots held them): slot 0 keeps the
+        longest prefix of theirs, in new buffers of the fewest positions that hold it;
+        the old buffers are freed (``compact``)."""
+        slot = max(range(leaving), key=lambda s: len(self._held[s]), default=0)
+        kept = self._held[slot] if leaving else ()
+        saved = [b[slot, :, : len(kept)].copy() for b in self._buffers]
+        capacity = self._first_capacity
+        while capacity < len(kept):
+            capacity *= 2
+        self.active = 0
+        self._selected = None
+        self._allocate(capacity)
+        for buffer, positions in zip(self._buffers, saved, strict=True):
+            buffer[0, :, : len(kept)] = positions
+        self._held = [kept] + [()] * (self._rows - 1)
+        self._length = len(kept)
 
     def copy_row(self, source: int, target: int, positions: int) -> None:
         """Row ``target`` takes row ``source``'s first ``positions`` keys/values."""

@@ -63,6 +63,12 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--replicas", type=int, default=1, metavar="N", help="with --ray: replicas (default 1)"
     )
+    p.add_argument(
+        "--keep-memory",
+        action="store_true",
+        help="keep freed memory for reuse instead of giving it back after long prompts "
+        "and when idle (RSS then stays at the largest requests served)",
+    )
     p.set_defaults(func=cmd_serve, one_shot=False)  # a server: it drains, then exits
 
 

@@ -245,6 +245,8 @@ class Admission(StepFields):
         self._solo = {id(chain) for chain in self.rows.chains}
         self._regroup()
         self._note_components()
+        if not size:  # a fresh binding: the old one held the cache's buffers it bound,
+            self._binding = self.model.binding()  # which a cache may have let go (compact)
         # columns now padding for every row; nobody left: the next row starts afresh
         drop = int(self.rows.pads.min()) if size else self.length - 1
         if drop > 0:

@@ -94,6 +94,9 @@ class Feeding(StepFields):
         while True:
             start = self.fed
             end = min(self.length, start + chunk)
+            # a prefill's last chunk gives back what its chunks took (ForwardBinding);
+            # a decode step clears it, so a verifying forward after one does not
+            self._binding.release_after = end == self.length and end - start > 1
             logits = self._forward_chunk(start, end)
             self.fed = end
             if end == self.length:

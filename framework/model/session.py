@@ -31,6 +31,7 @@ import onnxruntime as ort
 from ..errors import InputError, ModelLoadError
 from ..util.exclusive import Exclusive
 from ..util.jsonfile import read_json_object
+from .memory import shrink_options, trim_heap
 
 MODEL_FILE = "model.onnx"
 GENAI_CONFIG = "genai_config.json"
@@ -252,6 +253,11 @@ class ExportedModel:
         self.config = read_model_config(self.path)
         self.signature = read_signature(self.session, graph)
         self.max_context = max_context(self.config)
+        #: after a prefill (its last chunk), shrink onnxruntime's CPU arena and hand the
+        #: C heap's free pages back to the OS (``ortgen.model.memory``), so RSS does not
+        #: stay at the longest prompt run; False keeps them (``ortgen serve
+        #: --keep-memory``). Decode steps never do.
+        self.release_memory = True
 
     def binding(self) -> ForwardBinding:
         """A new binding for one request's forwards (see :class:`ForwardBinding`)."""
@@ -303,6 +309,11 @@ class ForwardBinding:
         self._running = Exclusive(f"a forward binding of {model.path}")
         self._bound_keep = 0  # the logits_to_keep bound last (0: none yet)
         self._keep_value: np.ndarray | None = None
+        #: whether a forward wider than one position gives memory back after it (the
+        #: arena's free regions, the heap's free pages; ``model.release_memory`` too):
+        #: the loop sets it for a prefill's last chunk, so a long prompt's chunks reuse
+        #: what the one before took and release it once
+        self.release_after = True
 
     def __deepcopy__(self, memo: dict[int, Any]) -> ForwardBinding:
         """A copy of a request (``Generation.fork``) binds its own buffers."""
@@ -371,7 +382,11 @@ class ForwardBinding:
                 else:
                     binding.bind_ortvalue_output(name, presents[index])
             self._bound = (past, presents) if presents is not None else (None, None)
-        self._session.run_with_iobinding(binding)
+        if width > 1 and self.release_after and self.model.release_memory:
+            self._session.run_with_iobinding(binding, shrink_options())
+            trim_heap()
+        else:
+            self._session.run_with_iobinding(binding)
         if logits_view is not None and presents is not None:  # nothing new to collect
             return logits_view, presents
         outputs = binding.get_outputs()  # in binding order: logits first

@@ -2,20 +2,17 @@
 
 The HTTP layer (``ortgen.serve.app``) turns an OpenAI request into rows (one per
 choice) and submits each with :meth:`Engine.submit`; it gets a :class:`RowHandle`
-whose :meth:`RowHandle.pieces` yields :class:`~ortgen.request.outputs.StreamPiece` objects as the
-decode loop produces them, and which a client that hangs up cancels.
+whose :meth:`RowHandle.pieces` yields :class:`~ortgen.request.outputs.StreamPiece`
+objects as the decode loop produces them, and which a client that hangs up cancels.
 
 The loop runs in its own thread (onnxruntime releases the GIL while it computes, so the
 event loop stays responsive) and hands pieces to the event loop with
 ``call_soon_threadsafe``. Settings are validated in :meth:`Engine.submit`, in the
 caller's thread, so a bad request fails before it is queued.
 
-Rows submitted with ``background=True`` (a batch of the Batches API,
-``ortgen.serve.batch_worker``) wait in a queue of their own, which is only taken from when
-no live row waits: a live request joins the open batch at the next step whatever the
-background queue holds. The background queue has no bound; its submitter keeps only a
-few rows in it.
-"""
+``background=True`` rows (the Batches API's, ``ortgen.serve.batch_worker``) wait in an
+unbounded queue of their own, taken from only when no live row waits (their submitter
+keeps few rows in it): a live request joins the open batch at the next step."""
 
 from __future__ import annotations
 
@@ -35,6 +32,7 @@ from ..errors import InputError
 from ..loop.chain import Chain
 from ..loop.generate import Generation
 from ..loop.step_report import StepReport
+from ..model.memory import trim_heap
 from ..plugin_host.chains import build_chain
 from ..request import start_row
 from ..request.outputs import StreamPiece
@@ -165,6 +163,7 @@ class Engine:
         share_prefixes: bool = True,
         cache: tuple[str, dict[str, Any]] | None = None,
         stats: EngineStats | None = None,
+        release_memory: bool = True,
     ) -> None:
         if max_batch < 1 or max_queue < 0:
             raise ValueError("max_batch must be at least 1 and max_queue at least 0")
@@ -176,6 +175,9 @@ class Engine:
         self.max_queue = max_queue
         #: whether a row starts from a prompt prefix a slot holds (``ortgen.plugins.kv_slots``)
         self.share_prefixes = share_prefixes
+        #: give memory back when the batch empties (``slots`` keeps one prefix, the heap
+        #: is trimmed: ``ortgen.model.memory``); False: ``ortgen serve --keep-memory``
+        self.release_memory = release_memory
         #: the counters; a server passes the same object to each engine a model gets
         #: (it may be unloaded and loaded again), so its counters only grow
         self.stats = stats if stats is not None else EngineStats()
@@ -393,6 +395,8 @@ class Engine:
                 self._finish(handle, outcome or "finished")
         order = self._batch.release(gone)
         rows[:] = [rows[i] for i in order]
+        if not rows and self.release_memory:
+            trim_heap()
 
     def open_batch(self) -> Generation:
         """The open batch every row joins, over one KV cache for every row (made once; a
@@ -410,6 +414,7 @@ class Engine:
             elif gen.model.signature.shared_kv:
                 name = "slots"
                 params = {"capacity": SLOT_POSITIONS, "share": self.share_prefixes}
+                params["compact"] = self.release_memory
             else:
                 name, params = "concat_slots", {}
             cache = gen.registry.create("kv_cache", name, params, ctx)

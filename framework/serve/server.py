@@ -82,6 +82,7 @@ def _loader(args: argparse.Namespace, plugins: list[object]) -> Callable[..., Se
             pipeline=args.pipeline,
             plugins=plugins,
         )
+        gen.model.release_memory = not args.keep_memory
         engine = Engine(
             gen,
             max_batch=args.max_batch,
@@ -89,6 +90,7 @@ def _loader(args: argparse.Namespace, plugins: list[object]) -> Callable[..., Se
             share_prefixes=not args.no_prefix_sharing,
             cache=args.cache,  # (name, params) from --cache, or None: the built-in one
             stats=stats,
+            release_memory=not args.keep_memory,
         )
         engine.open_batch()  # a --cache that cannot serve a batch fails now
         return ServedModel(source.id if source else gen.path.name, gen, engine)

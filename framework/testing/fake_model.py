@@ -103,6 +103,7 @@ class FakeBinding:
 
     def __init__(self, model: FakeModel) -> None:
         self.model = model
+        self.release_after = True  # set by the loop as on ForwardBinding; nothing to free
 
     def __deepcopy__(self, memo: dict[int, Any]) -> FakeBinding:
         return FakeBinding(self.model)
