@@ -11,13 +11,12 @@ needed it, naming pip's error: it is a broken test setup, not a skip.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
+
+from tests.build_lock import exclusive
 
 INSTRUCTOR = "instructor==1.17.0"
 
@@ -28,7 +27,7 @@ def instructor_python(cache: Path) -> Path:
     folder = cache / INSTRUCTOR.replace("==", "-")
     python = folder / "bin" / "python"
     stamp = folder / "pip-freeze.txt"
-    with _exclusive(folder):
+    with exclusive(folder):
         if not stamp.exists():
             shutil.rmtree(folder, ignore_errors=True)
             subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True)
@@ -44,12 +43,3 @@ def _pip(python: Path, *args: str) -> str:
     if done.returncode != 0:
         raise RuntimeError(f"pip {' '.join(args)} failed in {python.parent.parent}:\n{done.stderr}")
     return done.stdout
-
-
-@contextlib.contextmanager
-def _exclusive(path: Path) -> Iterator[None]:
-    """An exclusive flock beside ``path`` (pytest-xdist workers building one venv)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield

@@ -3,13 +3,10 @@ real default model (built on first use, kept in exported_models/)."""
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import re
 import shutil
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
+from tests.build_lock import exclusive
 from tests.tiny_models import TINY_ARCHS, export_backbone, export_tiny, export_without_past
 
 # torch (the references: transformers' models) on one thread. On a 2-core machine its
@@ -159,7 +157,7 @@ def build_reference(default_model_dir: Path, options: Any, name: str) -> Path:
     from ortgen.model.manifest import is_complete_model_folder, read_manifest
 
     out = default_model_dir.parent / ".reference" / name
-    with _exclusive(out):
+    with exclusive(out):
         manifest = read_manifest(out) or {}
         current = (
             is_complete_model_folder(out)
@@ -195,7 +193,7 @@ def default_hf(default_model_dir: Path):
 
     saved = default_model_dir.parent / ".reference" / "smollm2-transformers-from-gguf"
     stamp = f"{DEFAULT_GGUF_SHA256} transformers {transformers.__version__}"
-    with _exclusive(saved):
+    with exclusive(saved):
         if _read(saved / "stamp") != stamp:
             gguf = download_default_gguf(default_model_dir.parent / ".cache")
             model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -206,15 +204,6 @@ def default_hf(default_model_dir: Path):
             shutil.rmtree(saved, ignore_errors=True)
             work.rename(saved)
     return AutoModelForCausalLM.from_pretrained(saved).eval()
-
-
-@contextlib.contextmanager
-def _exclusive(path: Path) -> Iterator[None]:
-    """An exclusive flock beside ``path`` (pytest-xdist workers building one reference)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
 
 
 def _read(path: Path) -> str | None:

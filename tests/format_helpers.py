@@ -40,6 +40,18 @@ HERMES_SPECIAL = (
 )
 
 
+#: answers the hermes-family model is made to write (``says``): a thought, then text;
+#: one call of ``add``
+THOUGHT_THEN_ANSWER = "<think>\nI add them.\n</think>\n\nThree."
+CALL = '<tool_call>\n{"name":"add","arguments":{"a":1,"b":2}}\n</tool_call>'
+
+
+def says(text: str) -> dict:
+    """The openai client's ``extra_body`` that makes a server started with
+    ``--plugin tests.server_plugin`` answer ``text`` (its ``says`` processor)."""
+    return {"extra_body": {"logits_processors": [{"name": "says", "text": text}]}}
+
+
 def export_hermes_family(root: Path) -> Path:
     """A tiny random model speaking ortgen's hermes template (it thinks and calls tools):
     the server, Responses and third-party-format tests' model."""

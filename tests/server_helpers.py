@@ -95,6 +95,13 @@ class ServerProcess:
         kwargs.setdefault("api_key", KEY)
         return openai.AsyncOpenAI(base_url=f"{self.url}/v1", max_retries=0, timeout=60, **kwargs)
 
+    def __enter__(self) -> ServerProcess:
+        """``with ServerProcess(...) as server``: ready on entry, stopped on exit."""
+        return self.ready()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
     def terminate(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
 

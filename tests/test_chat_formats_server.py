@@ -20,7 +20,7 @@ import pytest
 
 import ortgen
 from tests import server_plugin
-from tests.format_helpers import export_hermes_family
+from tests.format_helpers import CALL, THOUGHT_THEN_ANSWER, export_hermes_family, says
 from tests.server_helpers import ServerProcess
 
 ADD = {
@@ -46,8 +46,6 @@ NOTE = {
     },
 }
 QUESTION = [{"role": "user", "content": "1+2?"}]
-THOUGHT_THEN_ANSWER = "<think>\nI add them.\n</think>\n\nThree."
-CALL = '<tool_call>\n{"name":"add","arguments":{"a":1,"b":2}}\n</tool_call>'
 
 
 @pytest.fixture(scope="module")
@@ -57,17 +55,10 @@ def family(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def client(family: Path):
-    server = ServerProcess(
+    with ServerProcess(
         "--model", str(family), "--threads", "1", "--plugin", "tests.server_plugin"
-    ).ready()
-    try:
+    ) as server:
         yield server.client()
-    finally:
-        server.stop()
-
-
-def says(text: str) -> dict:
-    return {"extra_body": {"logits_processors": [{"name": "says", "text": text}]}}
 
 
 def streamed(chunks) -> tuple[str, str, dict[int, dict], str | None, int]:

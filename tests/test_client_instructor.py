@@ -65,11 +65,8 @@ class Cities(BaseModel):
 
 @pytest.fixture(scope="module")
 def server(default_model_dir: Path) -> Iterator[ServerProcess]:
-    server = ServerProcess("--model", str(default_model_dir), "--threads", "1").ready()
-    try:
+    with ServerProcess("--model", str(default_model_dir), "--threads", "1") as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_instructor_response_model_in_its_default_mode(

@@ -50,11 +50,8 @@ class Cities(BaseModel):
 
 @pytest.fixture(scope="module")
 def server(default_model_dir: Path) -> Iterator[ServerProcess]:
-    server = ServerProcess("--model", str(default_model_dir), "--threads", "1").ready()
-    try:
+    with ServerProcess("--model", str(default_model_dir), "--threads", "1") as server:
         yield server
-    finally:
-        server.stop()
 
 
 def served(server: ServerProcess, route: str) -> float:

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from ortgen.jobs import run_job
+from tests.sockets import LOOPBACK
 from tests.test_jobs import CLI, GREEDY, ROWS, kill_then_rerun, read_results, write_jsonl
 
 pytestmark = pytest.mark.ray
@@ -202,29 +203,28 @@ def test_a_ray_instance_the_job_starts_listens_on_the_loopback_address_only(tmp_
     script.write_text(
         textwrap.dedent(
             """
-            import json, psutil
+            import json, os, sys
+            sys.path.insert(0, os.environ["ORTGEN_TESTS_ROOT"])
             from ortgen.jobs.ray_engine import _connect, require_ray
+            from tests.sockets import listening_addresses
 
             ray = require_ray()
             assert _connect(ray, None, 1, 1)
             nodes = [node["NodeManagerAddress"] for node in ray.nodes()]
-            listening = set()
-            me = psutil.Process()
-            for process in [me, *me.children(recursive=True)]:
-                try:
-                    sockets = process.net_connections(kind="inet")
-                except psutil.Error:
-                    continue
-                listening |= {s.laddr.ip for s in sockets if s.status == psutil.CONN_LISTEN}
+            listening = listening_addresses(os.getpid())
             ray.shutdown()
             print(json.dumps({"nodes": nodes, "listening": sorted(listening)}))
             """
         )
     )
     done = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=_env()
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**_env(), "ORTGEN_TESTS_ROOT": str(Path(__file__).parent.parent)},
     )
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout.splitlines()[-1])
     assert found["nodes"] == ["127.0.0.1"]
-    assert found["listening"] and set(found["listening"]) <= {"127.0.0.1", "::ffff:127.0.0.1"}
+    assert found["listening"] and set(found["listening"]) <= LOOPBACK

@@ -79,11 +79,8 @@ metric_list:
 
 @pytest.fixture(scope="module")
 def server(tiny_text_model: Path) -> Iterator[ServerProcess]:
-    server = ServerProcess("--model", str(tiny_text_model), "--threads", "1").ready()
-    try:
+    with ServerProcess("--model", str(tiny_text_model), "--threads", "1") as server:
         yield server
-    finally:
-        server.stop()
 
 
 def write_tasks(folder: Path) -> Path:

@@ -33,7 +33,7 @@ from openai.types.responses import (
 
 from ortgen.serve.openapi import openapi_document
 from ortgen.serve.responses_api import RESPONSES_FIELDS, accepted_fields
-from tests.format_helpers import export_hermes_family
+from tests.format_helpers import CALL, THOUGHT_THEN_ANSWER, export_hermes_family, says
 from tests.server_helpers import ROOT, ServerProcess, call
 
 ADD = {
@@ -51,8 +51,6 @@ CHAT_ADD = {
     "function": {k: ADD[k] for k in ("name", "description", "parameters")},
 }
 QUESTION = "1+2?"
-THOUGHT_THEN_ANSWER = "<think>\nI add them.\n</think>\n\nThree."
-CALL = '<tool_call>\n{"name":"add","arguments":{"a":1,"b":2}}\n</tool_call>'
 
 
 @pytest.fixture(scope="module")
@@ -62,22 +60,15 @@ def family(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(family: Path):
-    server = ServerProcess(
+    with ServerProcess(
         "--model", str(family), "--threads", "1", "--plugin", "tests.server_plugin"
-    ).ready()
-    try:
+    ) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
 def client(server: ServerProcess) -> openai.OpenAI:
     return server.client()
-
-
-def says(text: str) -> dict:
-    return {"extra_body": {"logits_processors": [{"name": "says", "text": text}]}}
 
 
 def chat_prompt_tokens(client: openai.OpenAI, messages: list, **fields) -> int:

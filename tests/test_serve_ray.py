@@ -29,6 +29,7 @@ import openai
 import pytest
 
 from tests.server_helpers import KEY, ROOT, ServerProcess, call, sum_of
+from tests.sockets import LOOPBACK, listening_addresses
 from tests.test_jobs_ray import _env as ray_env
 from tests.test_jobs_ray import ray_address  # noqa: F401 - the module's cluster
 from tests.tiny_models import export_tiny
@@ -307,7 +308,6 @@ def test_without_an_address_ray_starts_here_on_the_loopback_address_only(tiny_di
     """``--ray`` alone: a Ray of the server's own, every process of it (and Serve's
     proxy) listening on 127.0.0.1 only; it answers as the single server, and SIGTERM
     ends it all."""
-    import psutil
 
     server = ServerProcess(
         "--ray", "--model", str(tiny_dir), "--threads", "1", "--api-key", KEY, env=ray_env()
@@ -315,15 +315,8 @@ def test_without_an_address_ray_starts_here_on_the_loopback_address_only(tiny_di
     try:
         server.ready(timeout=240)
         assert asyncio.run(_answers(server, 2)) == asyncio.run(_answers(single, 2))
-        listening = set()
-        me = psutil.Process(server.proc.pid)
-        for process in [me, *me.children(recursive=True)]:
-            try:
-                sockets = process.net_connections(kind="inet")
-            except psutil.Error:
-                continue
-            listening |= {s.laddr.ip for s in sockets if s.status == psutil.CONN_LISTEN}
-        assert listening and listening <= {"127.0.0.1", "::ffff:127.0.0.1"}, listening
+        listening = listening_addresses(server.proc.pid)
+        assert listening and listening <= LOOPBACK, listening
         server.terminate()
         assert server.proc.wait(60) == 0, server.log()
     finally:

@@ -68,11 +68,8 @@ def files_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tiny_dir: Path, files_dir: Path) -> Iterator[ServerProcess]:
-    server = start(tiny_dir, files_dir)
-    try:
+    with start(tiny_dir, files_dir) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
