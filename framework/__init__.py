@@ -75,6 +75,7 @@ from .protocols.chat_formats import (
     ChatFormat,
     MarksReasoning,
     ParsedAnswer,
+    ShapesText,
     TemplateProbe,
     ToolSpec,
 )
@@ -191,6 +192,7 @@ __all__ = [
     "SamplerFactory",
     "SearchStrategy",
     "SelectsRow",
+    "ShapesText",
     "ShiftsColumns",
     "StepReport",
     "StopStringMatcher",

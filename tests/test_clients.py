@@ -257,3 +257,57 @@ def test_openai_agents_function_tool_round_trip(server: ServerProcess, agents_cl
     assert result.new_items[1].output == sum(calls[0])
     assert isinstance(result.final_output, Answer) and result.final_output.text.strip()
     assert served(server, "/v1/responses") == before + 2
+
+
+def test_openai_agents_tools_and_output_type_on_their_defaults(
+    server: ServerProcess, agents_client: None
+) -> None:
+    """``Agent(tools=..., output_type=...)`` as written in openai-agents' docs: each turn
+    sends the tools (``tool_choice`` ``auto``) and the output schema together, which
+    was a 400. The first turn's answer is a call or the output; the tool is disabled once
+    used, so a turn after its result answers. The run ends with the output type."""
+    from agents import Agent, Runner, function_tool
+    from agents.items import ToolCallItem
+
+    calls: list[tuple[int, int]] = []
+
+    @function_tool(is_enabled=lambda ctx, agent: not calls)
+    def add_tool(a: int, b: int) -> int:
+        """Add two integers."""
+        calls.append((a, b))
+        return a + b
+
+    agent = Agent(name="calc", tools=[add_tool], output_type=Answer)
+    before = served(server, "/v1/responses")
+    result = asyncio.run(Runner.run(agent, "What is 2 + 3?", max_turns=3))
+    assert isinstance(result.final_output, Answer) and result.final_output.text.strip()
+    made = [item.raw_item for item in result.new_items if isinstance(item, ToolCallItem)]
+    assert len(made) == len(calls) <= 1
+    assert all(valid_add_arguments(call.arguments) for call in made)
+    assert served(server, "/v1/responses") == before + 1 + len(calls)
+
+
+def test_openai_chat_parse_with_tools_gives_a_call_or_the_schema(server: ServerProcess) -> None:
+    """The ``openai`` client's ``chat.completions.parse`` with strict function tools and a
+    ``response_format`` model (``tool_choice`` left to ``auto``): the message is a
+    parsed call or the parsed model, whichever the model picked."""
+    import openai
+
+    class AddArguments(BaseModel):
+        a: int
+        b: int
+
+    client = server.client()
+    for question in ("What is 2 + 3? Use the tool.", "Name a city in France."):
+        reply = client.chat.completions.parse(
+            model="x",
+            messages=[{"role": "user", "content": question}],
+            tools=[openai.pydantic_function_tool(AddArguments, name="add")],
+            response_format=City,
+        )
+        message = reply.choices[0].message
+        if message.tool_calls:
+            assert reply.choices[0].finish_reason == "tool_calls"
+            assert isinstance(message.tool_calls[0].function.parsed_arguments, AddArguments)
+        else:
+            assert isinstance(message.parsed, City), message.content

@@ -16,6 +16,9 @@ NOTE = {"type": "function", "function": {"name": "note", "parameters": {
     "type": "object", "properties": {"text": {"type": "string"}},
     "required": ["text"]}}}  # fmt: skip
 ARGS = '{"a":1,"b":2}'
+#: a text answer for the kit's TEXT_SCHEMA, as the JSON the grammar writes
+WEATHER = {"city": 'Oslo "N"', "temperature": -3.5}
+SHAPED = '{"city":"Oslo \\"N\\"","temperature":-3.5}'
 HERMES_CALL = f'<tool_call>\n{{"name":"add","arguments":{ARGS}}}\n</tool_call>'
 
 
@@ -42,7 +45,11 @@ def test_hermes_reads_text_calls_and_cut_calls_whole_and_streamed() -> None:
         ("Use <tool_ca if you must", ParsedAnswer("Use <tool_ca if you must")),
     ]
     accepted = [HERMES_CALL, "Just text.", f"{HERMES_CALL}\n{HERMES_CALL}"]
-    check_chat_format(HermesFormat(), golden, make_tool_spec([ADD, NOTE]), grammar_accepts=accepted)
+    report = check_chat_format(
+        HermesFormat(), golden, make_tool_spec([ADD, NOTE]), grammar_accepts=accepted,
+        shaped_answers=[(SHAPED, WEATHER)],
+    )  # fmt: skip
+    assert report["text_schema"].startswith("shaped: free text refused, 1 JSON")
 
 
 def test_generic_reads_calls_responses_and_cut_answers_whole_and_streamed() -> None:
@@ -62,6 +69,8 @@ def test_generic_reads_calls_responses_and_cut_answers_whole_and_streamed() -> N
         ('{"response":"cut \\u00', ParsedAnswer("cut ")),
     ]
     accepted = ['{"response":"fine"}', f'{{"tool_calls":[{{"name":"add","arguments":{ARGS}}}]}}']
-    check_chat_format(
-        GenericFormat(), golden, make_tool_spec([ADD, NOTE]), grammar_accepts=accepted
-    )
+    report = check_chat_format(
+        GenericFormat(), golden, make_tool_spec([ADD, NOTE]), grammar_accepts=accepted,
+        shaped_answers=[(f'{{"response":{SHAPED}}}', WEATHER)],
+    )  # fmt: skip
+    assert report["text_schema"].startswith("shaped: free text refused, 1 JSON")

@@ -189,7 +189,14 @@ def test_golden_outputs_stream_in_every_split() -> None:
     golden = [
         (text, SimpleNamespace(content=content, calls=calls)) for text, content, calls in GOLDEN
     ]
-    check_chat_format(FORMAT, golden)
+    report = check_chat_format(
+        FORMAT, golden, shaped_answers=[('{"city":"[TOOL","temperature":21}', SHAPED)]
+    )
+    assert report["text_schema"].startswith("shaped: free text refused, 1 JSON")
+
+
+#: the kit's TEXT_SCHEMA answered (a value like the start of the marker)
+SHAPED = {"city": "[TOOL", "temperature": 21}
 
 
 @pytest.mark.parametrize("text", [g[0] for g in GOLDEN if g[2]])

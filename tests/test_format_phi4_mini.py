@@ -93,7 +93,11 @@ ACCEPTED = [
 
 
 def test_golden_answers_parse_whole_and_streamed_and_the_grammars_compile() -> None:
-    report = check_chat_format(FMT, GOLDEN, make_tool_spec(TOOLS), grammar_accepts=ACCEPTED)
+    shaped = [('{"city":"functools","temperature":1e3}', {"city": "functools", "temperature": 1e3})]
+    report = check_chat_format(
+        FMT, GOLDEN, make_tool_spec(TOOLS), grammar_accepts=ACCEPTED, shaped_answers=shaped
+    )
+    assert report["text_schema"].startswith("shaped: free text refused, 1 JSON")
     assert report["grammar named 'get_weather'"] == "compiles"
     assert report["grammar_accepts"] == f"accepted: {len(ACCEPTED)}"
 

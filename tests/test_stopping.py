@@ -146,3 +146,19 @@ def test_hookimpl_registers_the_criteria():
         "max_length": S.MaxLengthCriterion,
         "max_time": S.MaxTimeCriterion,
     }
+
+
+def test_an_end_token_in_the_last_place_allowed_is_eos(tiny_text_model) -> None:
+    """A row whose last allowed token is its end token ended its answer: ``eos`` (what
+    vLLM and OpenAI report), not ``length``. Here a regex of exactly ``n - 1`` letters
+    makes the end token the ``n``-th; it was reported as ``length``."""
+    import ortgen
+
+    gen = ortgen.load(tiny_text_model, threads=1)
+    for n in (3, 7):
+        out = gen.generate("ab", max_new_tokens=n, regex=f"[a-z]{{{n - 1}}}", seed=0,
+                                       do_sample=True)  # fmt: skip
+        assert len(out.tokens[0]) == n and out.finish_reasons == ["eos"], out
+        cut = gen.generate("ab", max_new_tokens=n - 1, regex=f"[a-z]{{{n - 1}}}",
+                                       seed=0, do_sample=True)  # fmt: skip
+        assert cut.finish_reasons == ["length"]

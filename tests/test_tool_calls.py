@@ -299,15 +299,10 @@ def test_hermes_calls_with_each_tool_choice(hermes_gen) -> None:
     assert none.tool_calls is None and none.finish_reasons != ["tool_calls"]
 
 
-def test_tools_and_another_constraint_are_refused(hermes_gen) -> None:
-    with pytest.raises(InputError, match="give one of them"):
-        hermes_gen.chat([{"role": "user", "content": "x"}], tools=TINY_TOOLS, json_object=True)
-
-
 def test_a_forced_call_leaves_response_format_for_a_later_turn(hermes_gen) -> None:
     """Agents send their output schema with every turn (openai-agents' ``output_type``
-    beside tools): a forced call has no text for it to shape, so the answer is the call;
-    with ``auto`` the two would both constrain the answer, which is refused."""
+    beside tools): a forced call has no text for it to shape, so the answer is the call
+    (under ``auto`` it shapes the text answer: tests/test_tools_with_schema.py)."""
     messages = [{"role": "user", "content": "w?"}]
     schema = {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "object"}}}
     settings = {"max_new_tokens": 80, "do_sample": True, "temperature": 0.7, "seed": 1}
@@ -317,8 +312,6 @@ def test_a_forced_call_leaves_response_format_for_a_later_turn(hermes_gen) -> No
                               **settings)  # fmt: skip
         assert out.finish_reasons == ["tool_calls"], out.text
         assert all(_arguments_valid(c, TINY_TOOLS) for c in out.tool_calls)
-    with pytest.raises(InputError, match="give one of them"):
-        hermes_gen.chat(messages, tools=TINY_TOOLS, response_format=schema)
 
 
 #: a hermes template as short as one can be (only the last message), so that two calls

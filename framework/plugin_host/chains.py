@@ -167,9 +167,13 @@ def sampler_spec(config: GenerationConfig) -> Spec:
 
 
 def stopping_specs(config: GenerationConfig, max_length: int) -> list[Spec]:
-    specs: list[Spec] = [("max_length", {"max_length": max_length})]
+    """The stopping criteria in the order a row's finish reason is taken: an end token
+    that is the last one allowed is ``eos`` (the model ended its answer, as vLLM and
+    OpenAI report it), not ``length``."""
+    specs: list[Spec] = []
     if config.eos_token_ids:
         specs.append(("eos", {"eos_token_id": list(config.eos_token_ids)}))
+    specs.append(("max_length", {"max_length": max_length}))
     if config.max_time is not None:
         specs.append(("max_time", {"max_time": config.max_time}))
     specs.extend(_explicit(config.stopping_criteria))

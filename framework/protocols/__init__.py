@@ -36,7 +36,7 @@ from .caches import (
     SelectsRow,
     ShiftsColumns,
 )
-from .chat_formats import ChatFormat, MarksReasoning
+from .chat_formats import ChatFormat, MarksReasoning, ShapesText
 
 if TYPE_CHECKING:
     from ..config import GenerationConfig
@@ -73,6 +73,7 @@ __all__ = [
     "Sampler",
     "SearchStrategy",
     "SelectsRow",
+    "ShapesText",
     "ShiftsColumns",
     "StoppingCriterion",
     "WorksOnCandidates",

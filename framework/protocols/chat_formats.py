@@ -26,6 +26,7 @@ __all__ = [
     "ChatFormat",
     "MarksReasoning",
     "ParsedAnswer",
+    "ShapesText",
     "TemplateProbe",
     "ToolSpec",
 ]
@@ -63,6 +64,9 @@ class ToolSpec:
     (``required`` or a named function), else text or calls (``auto``). ``max_calls``:
     how many calls one answer may hold (1 for a named function, one tool with
     ``parallel_tool_calls`` unset, or ``parallel_tool_calls=false``).
+    ``text_schema``: under ``auto``, the JSON Schema an answer that makes no call must
+    follow (the request's ``response_format``), or None for free text; only a format
+    that :class:`ShapesText` is ever given one.
     """
 
     tools: Sequence[Mapping[str, Any]]
@@ -70,6 +74,7 @@ class ToolSpec:
     calls_only: bool
     max_calls: int
     named: str | None = None
+    text_schema: Mapping[str, Any] | None = None
 
 
 @dataclass
@@ -141,3 +146,15 @@ class MarksReasoning(Protocol):
     ``<think>``): the tags, or None when a template rendering ``probe`` never thinks."""
 
     def reasoning_tags(self, probe: TemplateProbe) -> tuple[str, str] | None: ...
+
+
+@runtime_checkable
+class ShapesText(Protocol):
+    """Optional capability of a :class:`ChatFormat` whose ``answer_grammar`` shapes the
+    text answer by :attr:`ToolSpec.text_schema` (a ``response_format`` beside tools under
+    ``auto``: an agent's output type) and whose ``parse`` reads that answer back as
+    ``content`` holding the JSON value, never as a call. A format sets the class
+    attribute ``shapes_text = True``; a request asking one that does not for both is
+    refused, naming the format, rather than given an answer the schema does not hold."""
+
+    shapes_text: bool

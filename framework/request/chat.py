@@ -5,15 +5,16 @@ reads the answer back (``ortgen.chat_formats.reply``)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..chat_formats.reasoning import after_thought
 from ..chat_formats.reply import ReplyPlan
 from ..chat_formats.tools import tool_spec
 from ..errors import InputError
+from ..protocols.chat_formats import ChatFormat, ShapesText, ToolSpec
 from ..structured.response_format import response_format_settings
-from ..structured.settings import CONSTRAINT_FIELDS
+from ..structured.settings import CONSTRAINT_FIELDS, normalise
 from ..text.chat_template import check_messages
 from .formats import pick_format, probe, reasoning_tags, thought_state
 
@@ -58,8 +59,10 @@ def build_chat(
     ``developer`` (OpenAI's new name for ``system``) is rendered as ``system``;
     ``response_format`` becomes a constraint and may not be given with one (say one thing
     once); tools constrain the answer to the chat format's calls unless ``tool_choice``
-    is ``"none"``, and clash with any other constraint, but a ``response_format`` beside
-    a forced call (``required``, a named function) is left out: there is no text for it.
+    is ``"none"``. Beside them JSON (``response_format``, ``json_schema``,
+    ``json_object``) shapes the text answer under ``auto`` (for a format that
+    :class:`ShapesText`) and is left out for a forced call (``required``, a named
+    function: there is no text for it); any other constraint clashes with tools.
     When the model may think, a constraint applies to the answer after the thought,
     never to the thought.
     ``chat_format`` (else the ``chat_format`` setting, else the template's) names the
@@ -85,6 +88,8 @@ def build_chat(
         # shapes the text answer of a later turn, as agents send it with every turn
         for key in [k for k, source in sources.items() if source == "response_format"]:
             del wanted[key], sources[key]
+    elif spec is not None:
+        spec = _with_text_schema(spec, wanted, sources, format_name, fmt)
     constrained = [k for k in CONSTRAINT_FIELDS if wanted.get(k) not in (None, False)]
     if spec is not None and constrained:
         raise InputError(
@@ -124,6 +129,39 @@ def build_chat(
         json_answer=json_answer and thinks,
     )
     return ChatRequest(prompt, wanted, plan, sources)
+
+
+def _with_text_schema(
+    spec: ToolSpec,
+    wanted: dict[str, Any],
+    sources: dict[str, str],
+    format_name: str,
+    fmt: ChatFormat,
+) -> ToolSpec:
+    """``spec`` (``auto``) with the JSON a text answer must be (``json_schema``,
+    ``json_object``: the request's ``response_format``, an agent's output type) moved
+    out of ``wanted`` into its ``text_schema``, for the format's grammar to shape the
+    answer that makes no call; ``spec`` as it is when no JSON is asked for. A format
+    that cannot shape its text (not :class:`ShapesText`) is named in the refusal."""
+    keys = [key for key in ("json_schema", "json_object") if wanted.get(key) not in (None, False)]
+    if not keys:
+        return spec
+    if not (isinstance(fmt, ShapesText) and fmt.shapes_text is True):
+        field_name = "response_format" if sources.get(keys[0]) else keys[0]
+        raise InputError(
+            f"the {format_name!r} chat format cannot shape a text answer beside tool calls, "
+            f"so tools (tool_choice 'auto') and {field_name} cannot both apply: force a "
+            "call (tool_choice 'required' or a named function) or leave out one of them",
+            field=field_name,
+        )
+    value = wanted.pop(keys[0])
+    sources.pop(keys[0], None)
+    if keys[0] == "json_object":
+        return replace(spec, text_schema={"type": "object"})
+    try:
+        return replace(spec, text_schema=normalise("json_schema", value))
+    except TypeError as exc:
+        raise InputError(f"json_schema must be {exc}", field="json_schema") from None
 
 
 def _pipeline_format(gen: TextGenerator) -> str | None:

@@ -252,7 +252,8 @@ def with_reply(out: GenerationOutput, plan: ReplyPlan) -> None:
     """Read each row's answer (``ortgen.chat_formats.reply``): ``text`` becomes the
     content, the thought goes to ``reasoning_content``, the calls to ``tool_calls``, and a
     row that ended with whole calls finishes with "tool_calls". JSON asked of a thinking
-    model is parsed from the answer after the thought."""
+    model is parsed from the answer after the thought, and JSON beside tools from a row
+    that made no call (``parsed`` is None for a row of calls)."""
     single = isinstance(out.text, str)
     texts: list[str] = [out.text] if isinstance(out.text, str) else list(out.text or [])
     replies = [
@@ -270,10 +271,11 @@ def with_reply(out: GenerationOutput, plan: ReplyPlan) -> None:
         calls = [reply.tool_calls for reply in replies]
         out.tool_calls = calls[0] if single else calls
         out.parsed = out.parse_errors = None  # the JSON was the calls' envelope
-    elif plan.json_answer:
+    if plan.json_answer or (plan.spec is not None and plan.spec.text_schema is not None):
+        # JSON after a thought, or a text answer beside tools: a row of calls has none
         parsed = [
-            parse_json_output(content, reason)
-            for content, reason in zip(contents, out.finish_reasons, strict=True)
+            parse_json_output(content, reason) if not reply.tool_calls else (None, None)
+            for content, reason, reply in zip(contents, out.finish_reasons, replies, strict=True)
         ]
         values = [value for value, _ in parsed]
         errors = [error for _, error in parsed]

@@ -13,7 +13,7 @@ And for a quantised model, its output judged against a float32 graph of the same
 (``agreement``, ``reference_greedy``, ``NEAR_TIE``): what holds on every CPU.
 """
 
-from .chat_format import check_chat_format, make_tool_spec
+from .chat_format import TEXT_SCHEMA, check_chat_format, make_tool_spec
 from .components import (
     check_logits_processor,
     check_sampler,
@@ -29,6 +29,7 @@ from .reference import NEAR_TIE, Agreement, agreement, near_tie_paths, reference
 
 __all__ = [
     "NEAR_TIE",
+    "TEXT_SCHEMA",
     "Agreement",
     "FakeModel",
     "agreement",

@@ -16,7 +16,13 @@ checks, each failure an ``AssertionError`` naming the answer, the split and what
   small weather tool): ``auto``, ``auto`` with one call, ``required`` and each function
   named. ``grammar_accepts`` answers must match the ``auto`` grammar, and those that are
   calls only the ``required`` one (checked on a byte-level vocabulary: the text, not a model's
-  tokens).
+  tokens);
+- a format that :class:`~ortgen.protocols.chat_formats.ShapesText`: its ``auto`` grammar
+  with a ``text_schema`` (:data:`TEXT_SCHEMA`) is another grammar than without one,
+  refuses free text, still accepts the ``grammar_accepts`` answers that are calls only,
+  and accepts each ``shaped_answers`` text (the answer as the format writes JSON for
+  the schema), whose parse, whole and streamed, is no call and ``content`` that is the
+  expected JSON value.
 
 :func:`make_tool_spec` builds the :class:`~ortgen.protocols.chat_formats.ToolSpec` a
 request would give a format, for a format's own tests.
@@ -26,13 +32,24 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ..chat_formats.tools import tool_spec
 from ..errors import InputError
-from ..protocols.chat_formats import CallDraft, ChatFormat, ParsedAnswer, ToolSpec
+from ..protocols.chat_formats import CallDraft, ChatFormat, ParsedAnswer, ShapesText, ToolSpec
 
-__all__ = ["check_chat_format", "make_tool_spec"]
+__all__ = ["TEXT_SCHEMA", "check_chat_format", "make_tool_spec"]
+
+#: the text schema a :class:`ShapesText` format's grammar is checked with
+TEXT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "temperature": {"type": "number"}},
+    "required": ["city", "temperature"],
+    "additionalProperties": False,
+}
+#: an answer no text schema allows
+_FREE_TEXT = "Sunny and warm."
 
 #: the tool the grammars are compiled for when no spec is given
 _WEATHER = {
@@ -82,6 +99,7 @@ def check_chat_format(
     spec: ToolSpec | None = None,
     *,
     grammar_accepts: Sequence[str] = (),
+    shaped_answers: Sequence[tuple[str, Any]] = (),
 ) -> dict[str, str]:
     """Check ``fmt`` (see module doc). ``golden`` pairs an answer's text with what its
     whole parse must be: a :class:`ParsedAnswer`, or any object with ``content`` and
@@ -113,7 +131,60 @@ def check_chat_format(
             if parsed.calls and not parsed.content:
                 _accepts(required, text, "required")
         report["grammar_accepts"] = f"accepted: {len(grammar_accepts)}"
+    if isinstance(fmt, ShapesText) and fmt.shapes_text is True:
+        report["text_schema"] = _check_shaped(fmt, spec, grammar_accepts, shaped_answers)
+    elif shaped_answers:
+        raise AssertionError(
+            f"{type(fmt).__name__} has shaped_answers but does not set shapes_text = True"
+        )
     return report
+
+
+def _check_shaped(
+    fmt: ChatFormat,
+    spec: ToolSpec | None,
+    grammar_accepts: Sequence[str],
+    shaped_answers: Sequence[tuple[str, Any]],
+) -> str:
+    """The :class:`ShapesText` promise (see module doc); what was checked."""
+    auto = _variants(spec or make_tool_spec([_WEATHER]))["auto"]
+    grammar = fmt.answer_grammar(replace(auto, text_schema=TEXT_SCHEMA))
+    _compile(grammar, "auto with a text_schema")
+    if grammar == fmt.answer_grammar(auto):
+        raise AssertionError(
+            f"{type(fmt).__name__} sets shapes_text but its answer_grammar ignores "
+            "ToolSpec.text_schema (the auto grammar is the same with and without one)"
+        )
+    if _accepted(grammar, _FREE_TEXT):
+        raise AssertionError(
+            f"the auto grammar with a text_schema accepts free text {_FREE_TEXT!r}\n{grammar}"
+        )
+    for text in grammar_accepts:
+        parsed = _parse(fmt, text, True, f"answer {_short(text)}")
+        if parsed.calls and not parsed.content:
+            _accepts(grammar, text, "auto with a text_schema")
+    for number, (text, value) in enumerate(shaped_answers):
+        where = f"shaped answer {number} ({_short(text)})"
+        _accepts(grammar, text, "auto with a text_schema")
+        whole = _parse(fmt, text, True, where)
+        if whole.calls or _json(whole.content) != value:
+            raise AssertionError(
+                f"{where}: parsed as content {whole.content!r} and {len(whole.calls)} "
+                f"calls, expected no call and content holding {json.dumps(value)}"
+            )
+        _check_stream(fmt, text, whole, where)
+    return f"shaped: free text refused, {len(shaped_answers)} JSON answers read back"
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return _NOT_JSON
+
+
+#: what a content that is not JSON compares as (equal to no JSON value)
+_NOT_JSON = object()
 
 
 def _short(text: str) -> str:
@@ -263,14 +334,24 @@ class _Bytes:
         return list(text.encode() if isinstance(text, str) else text)
 
 
-def _accepts(grammar: str, text: str, name: str) -> None:
+def _matcher(grammar: str, text: str) -> Any:
+    """An llguidance matcher of ``grammar`` (on the byte vocabulary) fed ``text``."""
     import llguidance
 
     tokenizer = llguidance.LLTokenizer(
         llguidance.TokenizerWrapper(_Bytes()), n_vocab=257, eos_token=256
     )
     matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
-    ok = matcher.consume_tokens(list(text.encode())) and matcher.is_accepting()
-    if not ok:
-        reason = matcher.get_error().split("\n")[0] or "the text ends too early"
+    matcher.consume_tokens(list(text.encode()))
+    return matcher
+
+
+def _accepted(grammar: str, text: str) -> bool:
+    matcher = _matcher(grammar, text)
+    return not matcher.is_error() and bool(matcher.is_accepting())
+
+
+def _accepts(grammar: str, text: str, name: str) -> None:
+    if not _accepted(grammar, text):
+        reason = _matcher(grammar, text).get_error().split("\n")[0] or "the text ends too early"
         raise AssertionError(f"the {name} grammar refuses {_short(text)}: {reason}\n{grammar}")

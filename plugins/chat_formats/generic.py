@@ -17,24 +17,38 @@ from collections.abc import Mapping
 from typing import Any
 
 from ortgen import CallDraft, InputError, ParsedAnswer, TemplateProbe, ToolSpec
-from ortgen.chat_formats import call_schema, json_grammar, json_value_end, read_json_call
+from ortgen.chat_formats import (
+    call_schema,
+    json_grammar,
+    json_value_end,
+    partial_json_text,
+    read_json_call,
+)
 
 _INSTRUCTIONS = (
     "You can call the following tools to answer the user. Answer with one JSON object: "
     'either {{"tool_calls": [{{"name": "<tool name>", "arguments": {{...}}}}]}} to call '
-    '{which}, or {{"response": "<your answer>"}} to answer directly.\n\nTools:\n{tools}'
+    "{which}, {answer}.\n\nTools:\n{tools}"
 )
+_FREE = 'or {"response": "<your answer>"} to answer directly'
 _CALLS_ONLY = (
     "You can call the following tools to answer the user. Answer with one JSON object "
     'calling {which}: {{"tool_calls": [{{"name": "<tool name>", "arguments": {{...}}}}]}}'
     "\n\nTools:\n{tools}"
 )
-_RESPONSE = re.compile(r'\s*\{\s*"response"\s*:\s*"')
+_SHAPED = (
+    'or {{"response": <your answer>}} to answer directly, <your answer> being JSON '
+    "that follows this schema: {schema}"
+)
+_RESPONSE = re.compile(r'\s*\{\s*"response"\s*:\s*')
 _CALLS = re.compile(r'\s*\{\s*"tool_calls"\s*:\s*\[\s*')
 
 
 class GenericFormat:
     """See module doc."""
+
+    #: a text answer under a schema (``ToolSpec.text_schema``) is the ``response`` value
+    shapes_text = True
 
     def recognizes(self, probe: TemplateProbe) -> bool:
         return False  # the fallback: picked when no other format recognises a template
@@ -51,7 +65,11 @@ class GenericFormat:
             return conversation, None
         listed = json.dumps([_listed(t["function"], spec) for t in spec.tools], ensure_ascii=False)
         which = f"the tool {spec.named!r}" if spec.named else "tools"
-        text = (_CALLS_ONLY if spec.calls_only else _INSTRUCTIONS).format(which=which, tools=listed)
+        answer = _FREE
+        if spec.text_schema is not None:
+            answer = _SHAPED.format(schema=json.dumps(spec.text_schema, ensure_ascii=False))
+        template = _CALLS_ONLY if spec.calls_only else _INSTRUCTIONS
+        text = template.format(which=which, tools=listed, answer=answer)
         return _with_system(conversation, text), None
 
     def answer_grammar(self, spec: ToolSpec) -> str:
@@ -71,7 +89,7 @@ class GenericFormat:
             return f"start: {json_grammar(call_answer)}"
         text_answer = {
             "type": "object",
-            "properties": {"response": {"type": "string"}},
+            "properties": {"response": _own_resource(spec.text_schema)},
             "required": ["response"],
             "additionalProperties": False,
         }
@@ -79,8 +97,10 @@ class GenericFormat:
 
     def parse(self, text: str, *, final: bool) -> ParsedAnswer:
         response = _RESPONSE.match(text)
-        if response is not None:
-            return ParsedAnswer(_string_prefix(text[response.end() :]))
+        if response is not None and text.startswith('"', response.end()):
+            return ParsedAnswer(_string_prefix(text[response.end() + 1 :]))
+        if response is not None and response.end() < len(text):  # JSON for a text_schema
+            return ParsedAnswer(_value_prefix(text, response.end()))
         listed = _CALLS.match(text)
         if listed is not None:
             return ParsedAnswer("", _calls(text, listed.end()))
@@ -99,6 +119,22 @@ def _listed(function: Mapping[str, Any], spec: ToolSpec) -> dict[str, Any]:
         entry["description"] = function["description"]
     entry["parameters"] = spec.functions.get(name, function.get("parameters", {}))
     return entry
+
+
+def _own_resource(schema: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The ``response`` value's schema: a string, or the request's text schema as a
+    resource of its own (its ``#/$defs/...`` still point into it once nested)."""
+    if schema is None:
+        return {"type": "string"}
+    return dict(schema) if "$id" in schema else {"$id": "urn:ortgen:response", **schema}
+
+
+def _value_prefix(text: str, start: int) -> str:
+    """The JSON ``response`` value from ``text[start]`` on as far as written: all of it
+    once whole (the envelope's closing brace is not content), else what is written so
+    far (it only grows)."""
+    end = json_value_end(text, start)
+    return text[start:end] if end is not None else partial_json_text(text[start:])
 
 
 def _string_prefix(body: str) -> str:

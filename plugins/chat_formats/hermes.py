@@ -20,10 +20,15 @@ from ortgen import CallDraft, ParsedAnswer, TemplateProbe, ToolSpec
 from ortgen.chat_formats import call_schema, held_back, json_grammar, read_json_call
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+#: free text: never a call's tag, never beginning with whitespace or "<" (module doc)
+_TEXT = r"/[^\s<](?s:.*)/ & ~/(?s:.*<tool_call>.*)/"
 
 
 class HermesFormat:
     """See module doc."""
+
+    #: a text answer under a schema (``ToolSpec.text_schema``) is the bare JSON
+    shapes_text = True
 
     def recognizes(self, probe: TemplateProbe) -> bool:
         return OPEN in (probe.with_call or "") or OPEN in probe.source
@@ -42,13 +47,17 @@ class HermesFormat:
         body = json_grammar(call_schema(spec.functions))
         more = f' ("\\n" call)~0..{spec.max_calls - 1}' if spec.max_calls > 1 else ""
         start = "calls" if spec.calls_only else "TEXT | calls"
+        text = [f"TEXT: {_TEXT}"]
+        if spec.text_schema is not None:  # JSON of the schema instead of free text
+            start = "calls" if spec.calls_only else "text | calls"
+            text = [f"text: {json_grammar(spec.text_schema)}"]
         return "\n".join(
             [
                 f"start: {start}",
                 f"calls: call{more}",
                 f'call: "{OPEN}\\n" body "\\n{CLOSE}"',
                 f"body: {body}",
-                r"TEXT: /[^\s<](?s:.*)/ & ~/(?s:.*<tool_call>.*)/",
+                *text,
             ]
         )
 

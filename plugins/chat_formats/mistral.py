@@ -52,6 +52,10 @@ _INSTRUCTIONS = (
 class MistralFormat:
     """See module doc."""
 
+    #: a text answer under a schema (``ToolSpec.text_schema``) is the bare JSON, and
+    #: calls come without text before them
+    shapes_text = True
+
     def recognizes(self, probe: TemplateProbe) -> bool:
         return OPEN in (probe.with_call or "") or OPEN in probe.source
 
@@ -81,6 +85,14 @@ class MistralFormat:
         }
         if spec.calls_only:
             return f'start: "{OPEN}" list\nlist: {json_grammar(calls)}'
+        if spec.text_schema is not None:
+            return "\n".join(
+                [
+                    f'start: text | "{OPEN}" list',
+                    f"list: {json_grammar(calls)}",
+                    f"text: {json_grammar(spec.text_schema)}",
+                ]
+            )
         return "\n".join(
             [
                 "start: TEXT | head list",  # text, or text (maybe none) then the calls

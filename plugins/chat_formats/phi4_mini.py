@@ -52,6 +52,10 @@ _KEYS = ("arguments", "parameters")
 class Phi4MiniFormat:
     """See module doc."""
 
+    #: a text answer under a schema (``ToolSpec.text_schema``) is the bare JSON, and
+    #: calls come without text before them
+    shapes_text = True
+
     def recognizes(self, probe: TemplateProbe) -> bool:
         return "functools" in probe.source or "<|tool|>" in probe.source
 
@@ -78,6 +82,8 @@ class Phi4MiniFormat:
         # text then calls: a lazy lexeme ends at the first marker (a greedy TEXT would
         # swallow "functools" and find no way on at "[")
         start = f'"{MARKER}" calls' if spec.calls_only else "TEXT | lead calls"
+        if spec.text_schema is not None and not spec.calls_only:
+            start = f'text | "{MARKER}" calls\ntext: {json_grammar(spec.text_schema)}'
         return "\n".join(
             [
                 f"start: {start}",
