@@ -113,6 +113,30 @@ def test_text_format_parsed_into_a_pydantic_model(client) -> None:
     assert response.text.format.type == "json_schema" and response.text.format.name == "Sum"
 
 
+def test_tools_and_text_format_give_a_call_or_the_parsed_output(client) -> None:
+    """An agent's turn: tools under ``auto`` and an output type (``text.format``). The
+    answer that makes no call is the output's JSON, parsed by the client, whole and
+    streamed; one that calls is a ``function_call`` item. It was a 400 (both constrained
+    one answer)."""
+
+    class Sum(pydantic.BaseModel):
+        total: int
+
+    settings = dict(model="x", input=QUESTION, tools=[ADD], text_format=Sum, max_output_tokens=120)
+    answered = client.responses.parse(**settings, **says('{"total":3}'))
+    assert answered.status == "completed" and answered.output_parsed == Sum(total=3)
+    with client.responses.stream(**settings, **says('{"total":3}')) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        streamed = stream.get_final_response()
+    assert streamed.output_parsed == Sum(total=3) and "".join(deltas) == '{"total":3}'
+    called = client.responses.parse(**settings, **says(CALL))
+    assert [item.type for item in called.output] == ["function_call"]
+    assert called.output_parsed is None and json.loads(called.output[0].arguments) == {
+        "a": 1,
+        "b": 2,
+    }
+
+
 def test_a_function_call_round_trip(client) -> None:
     question = [{"role": "user", "content": QUESTION}]
     first = client.responses.create(
