@@ -5,7 +5,9 @@ llama.cpp's generic format. The tools are described in the system message and th
 answer is one JSON object, so a small model that has never seen tools still answers in
 a shape that can be read. Earlier calls and tool results in the conversation become the
 JSON the model wrote and ``tool_response`` messages (as ``user`` unless the template
-knows a ``tool`` role).
+knows a ``tool`` role). With a ``response_format`` beside the tools
+(``ToolSpec.text_schema``) the ``response`` is JSON of its schema instead of a string,
+as llama.cpp's generic format writes it, and the system message gives the schema.
 """
 
 from __future__ import annotations
