@@ -338,6 +338,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             server.wait()
     report = summarise(soak, args, first, hwm, samples)
     report["parts"] = parts
+    anon_first, anon_end = parts["RssAnon_after_first"], parts["RssAnon_end"]
+    # anonymous memory alone: file pages are clean page cache the kernel can drop
+    report["anon_end_over_first"] = round(anon_end / anon_first, 3) if anon_first else None
     log.seek(0)
     report["server_log_tail"] = log.read()[-4000:]
     return report
@@ -360,7 +363,8 @@ def table(report: dict[str, Any]) -> str:
         f"{(report['parts']['RssAnon_after_first'] or 0) / mib:.0f} / "
         f"{(report['parts']['RssFile_after_first'] or 0) / mib:.0f} MiB, at the end "
         f"{(report['parts']['RssAnon_end'] or 0) / mib:.0f} / "
-        f"{(report['parts']['RssFile_end'] or 0) / mib:.0f} MiB",
+        f"{(report['parts']['RssFile_end'] or 0) / mib:.0f} MiB (anonymous at the end / "
+        f"after the first: {report['anon_end_over_first']}x)",
         "",
         "RSS after every so many requests: "
         + ", ".join(f"{s['requests']}: {s['rss'] / mib:.0f}" for s in report["samples"]),

@@ -46,6 +46,7 @@ class TextGenerator:
         threads: int | None = None,
         spinning: bool = False,
         spin_us: int | None = None,
+        memory_arena: bool = True,
         plugins: Iterable[object] = (),
         disable_plugins: Iterable[str] = (),
         pipeline: Pipeline | None = None,
@@ -61,7 +62,11 @@ class TextGenerator:
         # again, and before the session loads that peak stays below the final RSS
         self.tokenizer: Tokenizer | None = load_tokenizer(self.path)
         self.model = model or ExportedModel(
-            self.path, threads=threads, spinning=spinning, spin_us=spin_us
+            self.path,
+            threads=threads,
+            spinning=spinning,
+            spin_us=spin_us,
+            memory_arena=memory_arena,
         )
         #: ``load()`` passes the manager it checked the pipeline with: one per generator
         self.plugin_manager = plugin_manager or make_plugin_manager(
@@ -439,6 +444,7 @@ def load(
     threads: int | None = None,
     spinning: bool = False,
     spin_us: int | None = None,
+    memory_arena: bool = True,
     plugins: Iterable[object] = (),
     disable_plugins: Iterable[str] = (),
 ) -> TextGenerator:
@@ -476,6 +482,7 @@ def load(
         threads=threads,
         spinning=spinning,
         spin_us=spin_us,
+        memory_arena=memory_arena,
         plugins=plugins,
         disable_plugins=disabled,
         pipeline=pipeline,
