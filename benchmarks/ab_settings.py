@@ -2,11 +2,12 @@
 (settings such as glibc's ``mallopt`` hold for a whole process, so ``ab_memory.py``'s
 one-process A/B cannot compare them), driven in turn so both see the same machine.
 
-A: the settings as before (``--a-env``); B: ``ortgen serve``'s memory settings
-(``ortgen.model.memory.serve_settings``, ``--b-env``). Decode: one greedy request
-per side, ``CHUNK`` steps of one then of the other (the order alternating each round);
-prefill: a ``--prompt-tokens`` prompt (2,000) per side, alternating. Medians and
-ratios (> 1: B faster).
+A: the settings as before (``ortgen.load``'s defaults, glibc's); B: ``ortgen serve``'s
+(onnxruntime's CPU arena off: ``memory_arena=False``; every thread on glibc's main heap:
+``ortgen.model.memory.one_heap``). Both give memory back after a prefill. Decode: one
+greedy request per side, ``CHUNK`` steps of one then of the other (the order alternating
+each round); prefill: a ``--prompt-tokens`` prompt (2,000) per side, alternating.
+Medians and ratios (> 1: B faster).
 
     python benchmarks/ab_settings.py [--threads 1] [--rounds 40] [--prefills 10]
 """
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -30,16 +30,15 @@ def worker(args: argparse.Namespace) -> None:
     import ortgen
     from ortgen.model import memory
 
-    if args.worker == "B" and os.environ.get("XHEAP", "1") == "1":
-        memory.one_heap()
-    arena = args.worker == "A" or os.environ.get("XARENA") == "1"
-    gen = ortgen.load(args.model, threads=args.threads, memory_arena=arena)
+    one_heap = args.worker == "B" and memory.one_heap()
+    gen = ortgen.load(args.model, threads=args.threads, memory_arena=args.worker == "A")
     words = list(WORDS) * (args.prompt_tokens // len(WORDS) + 1)
     long_prompt = gen.tokenizer.encode(" ".join(words))[: args.prompt_tokens]
     short = gen.tokenizer.encode(" ".join(WORDS))
     state = gen.start([short], max_new_tokens=args.rounds * CHUNK + 2, eos_token_id=None)
     state.step()  # the prefill, not timed
-    print("ready", flush=True)
+    arena = gen.model.session.get_session_options().enable_cpu_mem_arena
+    print(json.dumps({"arena": arena, "one_heap": one_heap}), flush=True)
     for line in sys.stdin:
         if line.startswith("decode"):
             times = []
@@ -77,8 +76,11 @@ def main() -> None:
         )
         for side in ("A", "B")
     ]
-    for side in sides:
-        assert side.stdout is not None and side.stdout.readline().strip() == "ready"
+    for name, side in zip("AB", sides, strict=True):
+        assert side.stdout is not None
+        settings = json.loads(side.stdout.readline())
+        print(f"{name}: onnxruntime's CPU arena {'on' if settings['arena'] else 'off'}, "
+              f"{'one heap' if settings['one_heap'] else 'an arena per thread'}")  # fmt: skip
 
     def ask(which: int, command: str) -> list[float]:
         side = sides[which]
@@ -111,5 +113,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
     main()
