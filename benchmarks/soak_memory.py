@@ -345,7 +345,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         (parts[f"RssAnon_{at}"] or 0) + (parts[f"RssShmem_{at}"] or 0)
         for at in ("after_first", "end")
     ]
-    report["anon_end_over_first"] = round(ours[1] / ours[0], 3) if ours[0] else None
+    report["file_free_end_over_first"] = round(ours[1] / ours[0], 3) if ours[0] else None
     log.seek(0)
     report["server_log_tail"] = log.read()[-4000:]
     return report
@@ -368,7 +368,7 @@ def table(report: dict[str, Any]) -> str:
         + " / ".join(f"{(report['parts'][f'{p}_after_first'] or 0) / mib:.0f}" for p in PARTS)
         + " MiB, at the end "
         + " / ".join(f"{(report['parts'][f'{p}_end'] or 0) / mib:.0f}" for p in PARTS)
-        + f" MiB; without the file pages, end / first: {report['anon_end_over_first']}x",
+        + f" MiB; without the file pages, end / first: {report['file_free_end_over_first']}x",
         "",
         "RSS after every so many requests: "
         + ", ".join(f"{s['requests']}: {s['rss'] / mib:.0f}" for s in report["samples"]),
