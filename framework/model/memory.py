@@ -17,8 +17,10 @@ from glibc's main heap (``one_heap``). The arena's shrink frees only regions no 
 uses, and a small tensor still alive (an output a binding holds) kept a region of tens
 of MiB; a thread arena's top is not trimmed by ``malloc_trim``. Idle after 40 mixed
 requests, that was 352-398 MiB in four runs (1.38-1.56x the RSS after the first
-request) against 322 (1.27x) without both; decode and a 2,000-token prefill measured within noise of before
-(``benchmarks/ab_settings.py``; docs/benchmarks.md, "Memory over a long run")."""
+request) against 322 (1.27x) without both. Decode measured within the noise of a shared
+machine (medians of 6-7 runs: 1.007x at 1 thread, 0.999x at 2), a 2,000-token prefill
+2-3% slower (0.972x, 0.983x): ``benchmarks/ab_settings.py``; docs/benchmarks.md,
+"Memory over a long run"."""
 
 from __future__ import annotations
 
