@@ -46,6 +46,7 @@ class TextGenerator:
         threads: int | None = None,
         spinning: bool = False,
         spin_us: int | None = None,
+        memory_arena: bool = True,
         plugins: Iterable[object] = (),
         disable_plugins: Iterable[str] = (),
         pipeline: Pipeline | None = None,
@@ -61,7 +62,11 @@ class TextGenerator:
         # again, and before the session loads that peak stays below the final RSS
         self.tokenizer: Tokenizer | None = load_tokenizer(self.path)
         self.model = model or ExportedModel(
-            self.path, threads=threads, spinning=spinning, spin_us=spin_us
+            self.path,
+            threads=threads,
+            spinning=spinning,
+            spin_us=spin_us,
+            memory_arena=memory_arena,
         )
         #: ``load()`` passes the manager it checked the pipeline with: one per generator
         self.plugin_manager = plugin_manager or make_plugin_manager(
@@ -351,10 +356,7 @@ class TextGenerator:
         return self.tokenizer
 
     def _prepare(
-        self,
-        prompts: Prompts,
-        settings: Mapping[str, Any],
-        pipeline: PipelineArg,
+        self, prompts: Prompts, settings: Mapping[str, Any], pipeline: PipelineArg
     ) -> tuple[list[list[int]], bool, list[config_mod.GenerationConfig], list[int | None] | None]:
         """Token rows, whether one prompt was given, each row's resolved config, and (with
         per-row settings) each row's own seed."""
@@ -439,6 +441,7 @@ def load(
     threads: int | None = None,
     spinning: bool = False,
     spin_us: int | None = None,
+    memory_arena: bool = True,
     plugins: Iterable[object] = (),
     disable_plugins: Iterable[str] = (),
 ) -> TextGenerator:
@@ -447,11 +450,11 @@ def load(
     (built on first use). ``pipeline`` (a pipeline file or a loaded
     :class:`~ortgen.config.pipeline.Pipeline`) becomes the pipeline layer of every call, and its
     ``[plugins] disable`` list is honoured. ``threads`` is onnxruntime's intra-op threads
-    (default: the usable cores); between two parallel ops its idle workers spin
-    ``spin_us`` microseconds before they sleep (None: ``ortgen.model.session.DEFAULT_SPIN_US``,
-    10; 0: never spin), or, with
-    ``spinning=True``, as long as onnxruntime's own policy says (fastest on an idle
-    machine, half speed on a busy one)."""
+    (default: the usable cores); between two parallel ops its idle workers spin ``spin_us``
+    microseconds before they sleep (None: ``ortgen.model.session.DEFAULT_SPIN_US``, 10; 0: never
+    spin), or, with ``spinning=True``, as long as onnxruntime's own policy says (fastest on an
+    idle machine, half speed on a busy one). ``memory_arena=False``: onnxruntime's CPU arena
+    off, every tensor from the C heap (:mod:`ortgen.model.memory`)."""
     plugins = list(plugins)
     managers: list[pluggy.PluginManager] = []
 
@@ -476,6 +479,7 @@ def load(
         threads=threads,
         spinning=spinning,
         spin_us=spin_us,
+        memory_arena=memory_arena,
         plugins=plugins,
         disable_plugins=disabled,
         pipeline=pipeline,

@@ -84,6 +84,9 @@ class SlotCache(StaticCache):
             hold it (``capacity`` doubled as needed). The other slots' keys/values go
             back to the OS, so an idle server's RSS does not stay at ``max_batch`` long
             prompts. False: every slot keeps its prefix and the buffers keep their size.
+        keep_bytes: with ``compact``, the most bytes of keys/values the kept prefix may
+            hold: a longer one is cut to its first ``keep_bytes // position_bytes``
+            tokens (a next turn then shares those and prefills the rest). None: no cap.
     """
 
     def __init__(
@@ -93,10 +96,17 @@ class SlotCache(StaticCache):
         capacity: int | None = None,
         share: bool = True,
         compact: bool = True,
+        keep_bytes: int | None = None,
     ) -> None:
         for name, value in (("share", share), ("compact", compact)):
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be true or false, got {value!r}")
+        if keep_bytes is not None and (
+            isinstance(keep_bytes, bool) or not isinstance(keep_bytes, int) or keep_bytes < 0
+        ):
+            raise ValueError(
+                f"keep_bytes must be a non-negative integer (or unset), got {keep_bytes!r}"
+            )
         self._held: list[tuple[int, ...]] = [()] * ctx.batch_size
         self.active = 0  # before the buffers: allocating exposes the active rows
         super().__init__(ctx=ctx, capacity=capacity)
@@ -106,6 +116,7 @@ class SlotCache(StaticCache):
             )
         self.share = share
         self.compact = compact
+        self.keep_bytes = keep_bytes
         self._first_capacity = self._capacity
 
     def _grow(self, needed: int) -> None:
@@ -160,10 +171,12 @@ class SlotCache(StaticCache):
 
     def _keep_one(self, leaving: int) -> None:
         """Every row left (the first ``leaving`` slots held them): slot 0 keeps the
-        longest prefix of theirs, in new buffers of the fewest positions that hold it;
-        the old buffers are freed (``compact``)."""
+        longest prefix of theirs (cut to ``keep_bytes``), in new buffers of the fewest
+        positions that hold it; the old buffers are freed (``compact``)."""
         slot = max(range(leaving), key=lambda s: len(self._held[s]), default=0)
         kept = self._held[slot] if leaving else ()
+        if self.keep_bytes is not None:  # any prefix of a prefill's positions is exact too
+            kept = kept[: self.keep_bytes // self.position_bytes]
         saved = [b[slot, :, : len(kept)].copy() for b in self._buffers]
         capacity = self._first_capacity
         while capacity < len(kept):
@@ -175,6 +188,11 @@ class SlotCache(StaticCache):
             buffer[0, :, : len(kept)] = positions
         self._held = [kept] + [()] * (self._rows - 1)
         self._length = len(kept)
+
+    @property
+    def position_bytes(self) -> int:
+        """Bytes of keys/values one position of one row holds (every past tensor)."""
+        return len(self._names) * self._heads * self._head_dim * self._dtype.itemsize
 
     def copy_row(self, source: int, target: int, positions: int) -> None:
         """Row ``target`` takes row ``source``'s first ``positions`` keys/values."""

@@ -170,3 +170,17 @@ def test_model_switch_on_a_tiny_model(tiny_text_model) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "over 3 loads" in done.stdout
     assert "both ids answer the same: True" in done.stdout
+
+
+def test_ab_settings_on_a_tiny_model(tiny_text_model) -> None:
+    """benchmarks/ab_settings.py: A runs with ortgen.load's defaults, B with ortgen
+    serve's memory settings (each in a process of its own), and both sides are timed."""
+    command = [
+        sys.executable, "benchmarks/ab_settings.py", "--model", str(tiny_text_model),
+        "--rounds", "2", "--prefills", "1", "--prompt-tokens", "40",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "A: onnxruntime's CPU arena on, an arena per thread" in done.stdout
+    assert "B: onnxruntime's CPU arena off, one heap" in done.stdout
+    assert "(medians of 16)" in done.stdout and "prefill 40 tokens" in done.stdout

@@ -105,6 +105,30 @@ def test_slots_keep_the_longest_prefix_of_the_rows_leaving_in_fewer_positions(fu
     assert cache.reuse_row(0, [*range(100, 112), 7, 7]) == 12
 
 
+def test_keep_bytes_cuts_the_kept_prefix_and_the_next_request_shares_what_is_left(
+    fused,
+) -> None:
+    cache = _cache(fused, compact=True)
+    cache.keep_bytes = 7 * cache.position_bytes + cache.position_bytes // 2  # 7.5 positions
+    signature = fused.model.signature
+    per_position = len(signature.past_inputs) * signature.num_kv_heads * signature.head_dim
+    assert cache.position_bytes == per_position * np.dtype(signature.kv_dtype).itemsize
+    cache.keep_rows(np.asarray([], dtype=np.int64))
+    assert cache._held == [tuple(range(100, 107)), (), ()]  # slot 1's first 7 of 12 tokens
+    assert {b.shape[2] for b in cache._buffers} == {8}  # the fewest positions holding 7
+    assert all((b[0, :, :7] == 2).all() for b in cache._buffers)
+    assert cache._length == 7
+    cache.add_rows(1)
+    assert cache.reuse_row(0, [*range(100, 112), 7, 7]) == 7
+
+
+def test_keep_bytes_must_be_a_non_negative_integer(fused) -> None:
+    ctx = fused.context([[0]], fused.resolve_config({}).config)
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match=f"keep_bytes must be a non-negative integer.*{bad}"):
+            SlotCache(ctx=ctx, keep_bytes=bad)  # type: ignore[arg-type]
+
+
 def test_compact_false_keeps_every_slot_and_the_grown_buffers(fused) -> None:
     cache = _cache(fused, compact=False)
     cache.keep_rows(np.asarray([], dtype=np.int64))
@@ -155,6 +179,44 @@ def test_an_idle_engine_compacts_and_trims_and_answers_as_alone(fused, monkeypat
     assert all(b.shape[2] > 100 for b in cache._buffers)  # grown for the long prompt
 
 
+def test_an_idle_engine_keeps_at_most_idle_keep_bytes_and_answers_as_alone(
+    fused, monkeypatch
+) -> None:
+    first = fused.tokenizer.encode("z " * 40)  # longer than the cap
+    follow = first + fused.tokenizer.encode(" and then?")
+    settings = {"max_new_tokens": 4, "eos_token_id": None}
+    probe = _cache(fused, compact=True)
+    monkeypatch.setattr(engine_module, "IDLE_KEEP_BYTES", 10 * probe.position_bytes)
+    jobs = [(first, settings), (follow, settings)]
+    got, _, cache, reused = _serve(fused, monkeypatch, True, jobs)
+    for (prompt, s), tokens in zip(jobs, got, strict=True):
+        assert tokens == fused.generate([prompt], **s).tokens[0]
+    assert cache.keep_bytes == 10 * cache.position_bytes
+    assert len(cache._held[0]) == 10  # the second prompt's first 10 tokens, kept idle
+    assert tuple(follow[:10]) == cache._held[0]
+    assert reused == 10  # the second request started from the first's first 10 tokens
+
+
+def test_without_the_arena_a_prefill_trims_without_shrinking_and_answers_alike(
+    fused, monkeypatch
+) -> None:
+    plain = ortgen.load(fused.path, threads=1, memory_arena=False)
+    assert plain.model.session.get_session_options().enable_cpu_mem_arena is False
+    assert fused.model.session.get_session_options().enable_cpu_mem_arena is True
+    monkeypatch.setattr(generate_module, "PREFILL_CHUNK", 8)
+    prompt = plain.tokenizer.encode("a prompt of twenty chars")[:20]
+    # onnxruntime refuses the shrink run option without an arena: a plain run, then the trim
+    assert _events(plain, monkeypatch, prompt, 4) == ["run", "run", "run", "trim", *["run"] * 3]
+    settings = {"max_new_tokens": 6, "eos_token_id": None}
+    assert (
+        plain.generate([prompt], **settings).tokens == fused.generate([prompt], **settings).tokens
+    )
+
+
+def test_one_heap_reaches_glibc() -> None:
+    assert memory.one_heap() is True
+
+
 def test_slot_buffers_are_anonymous_maps_of_their_own(fused) -> None:
     # np.zeros (calloc) on a heap block writes, and so maps, every page; a map of its own
     # is zero without being written and is unmapped whole when freed
@@ -189,5 +251,9 @@ def test_ortgen_serve_keep_memory_reaches_the_model_and_the_cache(fused, keep) -
         assert served.gen.model.release_memory is not keep
         assert served.engine.release_memory is not keep
         assert served.engine.open_batch().chain.cache.compact is not keep
+        options = served.gen.model.session.get_session_options()
+        assert options.enable_cpu_mem_arena is keep and served.gen.model.memory_arena is keep
+        kept = served.engine.open_batch().chain.cache.keep_bytes
+        assert kept == (None if keep else engine_module.IDLE_KEEP_BYTES)
     finally:
         served.engine.shutdown()

@@ -67,7 +67,8 @@ def add_command(sub: argparse._SubParsersAction) -> None:
         "--keep-memory",
         action="store_true",
         help="keep freed memory for reuse instead of giving it back after long prompts "
-        "and when idle (RSS then stays at the largest requests served)",
+        "and when idle (onnxruntime's CPU arena on, glibc's per-thread arenas, every "
+        "slot's prompt kept: RSS then stays at the largest requests served)",
     )
     p.set_defaults(func=cmd_serve, one_shot=False)  # a server: it drains, then exits
 

@@ -9,7 +9,18 @@ run asks onnxruntime to shrink its arena (``shrink_options``) and glibc's
 neither. Measured at no cost on decode steps or on a 2,000-token prefill
 (docs/benchmarks.md, "Memory over a long run"); trimming after every chunk instead cost
 the prefill 7% on a busy machine (0.933x), each chunk faulting in again what the one
-before had given back."""
+before had given back.
+
+``ortgen serve`` goes further (not ``--keep-memory``): its model runs without
+onnxruntime's CPU arena (``ortgen.load(memory_arena=False)``) and every thread allocates
+from glibc's main heap (``one_heap``). The arena's shrink frees only regions no tensor
+uses, and a small tensor still alive (an output a binding holds) kept a region of tens
+of MiB; a thread arena's top is not trimmed by ``malloc_trim``. Idle after 40 mixed
+requests, that was 352-398 MiB in four runs (1.38-1.56x the RSS after the first
+request) against 322 (1.27x) without both. Decode measured within the noise of a shared
+machine (medians of 6-7 runs: 1.007x at 1 thread, 0.999x at 2), a 2,000-token prefill
+2-3% slower (0.972x, 0.983x): ``benchmarks/ab_settings.py``; docs/benchmarks.md,
+"Memory over a long run"."""
 
 from __future__ import annotations
 
@@ -52,3 +63,32 @@ def trim_heap() -> bool:
         return False
     trim(0)
     return True
+
+
+#: glibc's ``mallopt`` parameter for the most arenas (malloc.h)
+M_ARENA_MAX = -8
+
+
+@functools.cache
+def _mallopt() -> Callable[[int, int], int] | None:
+    """glibc's ``mallopt`` (None elsewhere)."""
+    try:
+        opt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return None
+    opt.argtypes = [ctypes.c_int, ctypes.c_int]
+    opt.restype = ctypes.c_int
+    return opt
+
+
+def one_heap() -> bool:
+    """Make every thread allocate from glibc's main heap (``M_ARENA_MAX`` 1); False
+    where the C library has no such setting. Call it before threads start.
+
+    A thread's own arena (glibc gives the engine thread one) is trimmed at its top only
+    when a ``free`` leaves more than the trim threshold there, and that threshold rises
+    with the largest block freed (to 64 MiB), so a server's engine arena stayed at the
+    longest prompt's temporaries; ``malloc_trim(0)`` trims the main heap's top too.
+    """
+    opt = _mallopt()
+    return opt is not None and opt(M_ARENA_MAX, 1) == 1

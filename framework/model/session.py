@@ -184,7 +184,10 @@ def spin_duration(spin_us: int | None) -> int:
 
 
 def session_options(
-    threads: int | None = None, spinning: bool = False, spin_us: int | None = None
+    threads: int | None = None,
+    spinning: bool = False,
+    spin_us: int | None = None,
+    memory_arena: bool = True,
 ) -> ort.SessionOptions:
     """CPU session options: ``threads`` intra-op threads (default: all cores), sequential.
 
@@ -192,6 +195,7 @@ def session_options(
     sleep (0: sleep at once). ``spinning=True`` is onnxruntime's unbounded spinning
     instead, which halves decode speed on a busy 2-core machine, so it is opt-in. One
     thread has no workers, and neither setting changes anything there.
+    ``memory_arena=False`` turns onnxruntime's CPU arena off (``ortgen.model.memory``).
     """
     spin_us = spin_duration(spin_us)
     if threads is not None and (
@@ -204,6 +208,7 @@ def session_options(
     options.intra_op_num_threads = threads or available_cores()
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.enable_cpu_mem_arena = memory_arena
     flag = "1" if spinning or spin_us else "0"
     options.add_session_config_entry("session.intra_op.allow_spinning", flag)
     options.add_session_config_entry("session.inter_op.allow_spinning", flag)
@@ -232,6 +237,7 @@ class ExportedModel:
         threads: int | None = None,
         spinning: bool = False,
         spin_us: int | None = None,
+        memory_arena: bool = True,
     ):
         self.path = Path(folder)
         graph = self.path / MODEL_FILE
@@ -243,7 +249,9 @@ class ExportedModel:
                 "(export one with `ortgen export SOURCE OUT`)"
             )
         self.threads = threads or available_cores()
-        options = session_options(threads, spinning, spin_us)
+        options = session_options(threads, spinning, spin_us, memory_arena)
+        #: onnxruntime's CPU arena is on (the shrink after a prefill needs one)
+        self.memory_arena = memory_arena
         try:
             self.session = ort.InferenceSession(
                 str(graph), options, providers=["CPUExecutionProvider"]
@@ -383,7 +391,10 @@ class ForwardBinding:
                     binding.bind_ortvalue_output(name, presents[index])
             self._bound = (past, presents) if presents is not None else (None, None)
         if width > 1 and self.release_after and self.model.release_memory:
-            self._session.run_with_iobinding(binding, shrink_options())
+            if self.model.memory_arena:
+                self._session.run_with_iobinding(binding, shrink_options())
+            else:
+                self._session.run_with_iobinding(binding)
             trim_heap()
         else:
             self._session.run_with_iobinding(binding)

@@ -24,6 +24,7 @@ from types import FrameType
 import uvicorn
 
 from ..errors import OrtgenError
+from ..model.memory import one_heap
 from ..plugin_host.manager import import_plugin
 from .app import build_app
 from .engine import Engine, EngineStats
@@ -52,7 +53,11 @@ def main(args: argparse.Namespace) -> int:
 
 def build_state(args: argparse.Namespace) -> ServerState:
     """What the app serves, from the flags: the plugins, the models (the first loaded
-    now), the API key and limits. A Ray Serve replica builds its own the same way."""
+    now), the API key and limits. A Ray Serve replica builds its own the same way.
+    Unless ``--keep-memory``, every thread allocates from one heap, before any model
+    loads (``ortgen.model.memory.one_heap``)."""
+    if not args.keep_memory:
+        one_heap()
     plugins: list[object] = [import_plugin(spec) for spec in args.plugin]
     sources = model_sources(args.model or [], args.models_dir)
     load = _loader(args, plugins)
@@ -81,6 +86,7 @@ def _loader(args: argparse.Namespace, plugins: list[object]) -> Callable[..., Se
             spin_us=args.spin_us,
             pipeline=args.pipeline,
             plugins=plugins,
+            memory_arena=args.keep_memory,  # off: freed tensors go back to the heap
         )
         gen.model.release_memory = not args.keep_memory
         engine = Engine(
