@@ -77,11 +77,16 @@ def main() -> None:
     gens[1].model.release_memory = True
     decode = interleaved_steps(decode_states(gens, args.rounds, starter(gens)), args.rounds)
     prefill = prefill_seconds(gens, args.prompt_tokens, args.prefills)
+    print_ab(decode, prefill, args.prompt_tokens)
+
+
+def print_ab(decode: list[list[float]], prefill: list[list[float]], prompt_tokens: int) -> None:
+    """The A/B's medians and ratios (B over A): decode seconds per step, prefill seconds."""
     a, b = (statistics.median(t) * 1000 for t in decode)
     print(f"decode: A (as before) {a:.2f} ms/step, B {b:.2f} (medians of {len(decode[0])})")
     print(f"decode: B {a / b:.3f}x as fast as A")
     a, b = (statistics.median(t) * 1000 for t in prefill)
-    print(f"prefill {args.prompt_tokens} tokens: A {a:.0f} ms, B {b:.0f} ms (medians of "
+    print(f"prefill {prompt_tokens} tokens: A {a:.0f} ms, B {b:.0f} ms (medians of "
           f"{len(prefill[0])})")  # fmt: skip
     print(f"prefill: B {a / b:.3f}x as fast as A")
 

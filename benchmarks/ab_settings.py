@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import time
+
+from ab_memory import print_ab
 
 WORDS = ("the", "river", "ran", "past", "the", "old", "mill", "and", "the", "garden", "behind")
 CHUNK = 8
@@ -103,13 +104,7 @@ def main() -> None:
         assert side.stdin is not None
         side.stdin.close()
         side.wait()
-    a, b = (statistics.median(t) * 1000 for t in decode)
-    print(f"decode: A (as before) {a:.2f} ms/step, B {b:.2f} (medians of {len(decode[0])})")
-    print(f"decode: B {a / b:.3f}x as fast as A")
-    a, b = (statistics.median(t) * 1000 for t in prefill)
-    print(f"prefill {args.prompt_tokens} tokens: A {a:.0f} ms, B {b:.0f} ms (medians of "
-          f"{len(prefill[0])})")  # fmt: skip
-    print(f"prefill: B {a / b:.3f}x as fast as A")
+    print_ab(decode, prefill, args.prompt_tokens)
 
 
 if __name__ == "__main__":
