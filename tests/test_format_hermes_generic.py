@@ -4,7 +4,11 @@ accept: ``hermes`` (Qwen, SmolLM3) and ``generic`` (a template that knows no too
 
 from __future__ import annotations
 
-from ortgen import CallDraft, ParsedAnswer
+from dataclasses import replace
+
+import pytest
+
+from ortgen import CallDraft, ParsedAnswer, ToolSpec
 from ortgen.plugins.chat_formats.generic import GenericFormat
 from ortgen.plugins.chat_formats.hermes import HermesFormat
 from ortgen.testing import check_chat_format, make_tool_spec
@@ -74,3 +78,31 @@ def test_generic_reads_calls_responses_and_cut_answers_whole_and_streamed() -> N
         shaped_answers=[(f'{{"response":{SHAPED}}}', WEATHER)],
     )  # fmt: skip
     assert report["text_schema"].startswith("shaped: free text refused, 1 JSON")
+
+
+def test_the_kit_catches_a_format_that_breaks_the_shapes_text_promise() -> None:
+    """``check_chat_format`` refuses a format that says ``shapes_text`` but writes its
+    grammar without the schema, one that reads a shaped answer back wrong, and shaped
+    answers given for a format that does not say it shapes text."""
+
+    class Ignores(HermesFormat):
+        def answer_grammar(self, spec: ToolSpec) -> str:
+            return super().answer_grammar(replace(spec, text_schema=None))
+
+    class MisReads(GenericFormat):
+        def parse(self, text: str, *, final: bool) -> ParsedAnswer:
+            parsed = super().parse(text, final=final)
+            return ParsedAnswer(parsed.content.replace("-3.5", "3.5"), parsed.calls)
+
+    class Silent(HermesFormat):
+        shapes_text = False
+
+    spec = make_tool_spec([ADD, NOTE])
+    with pytest.raises(AssertionError, match=r"ignores ToolSpec\.text_schema"):
+        check_chat_format(Ignores(), [], spec)
+    with pytest.raises(AssertionError, match="expected no call and content holding"):
+        check_chat_format(
+            MisReads(), [], spec, shaped_answers=[(f'{{"response":{SHAPED}}}', WEATHER)]
+        )
+    with pytest.raises(AssertionError, match="does not set shapes_text"):
+        check_chat_format(Silent(), [], spec, shaped_answers=[(SHAPED, WEATHER)])
