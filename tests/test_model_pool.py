@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from ortgen.serve.engine import Engine, EngineStats
+from ortgen.serve.engine import Engine
+from ortgen.serve.engine_stats import EngineStats
 from ortgen.serve.errors import RequestError
 from ortgen.serve.model_pool import ModelPool, ModelSource, ServedModel
 

@@ -13,7 +13,8 @@ from starlette.testclient import TestClient
 
 import ortgen
 from ortgen.serve.app import build_app
-from ortgen.serve.engine import FIRST_TOKEN_BUCKETS, Engine
+from ortgen.serve.engine import Engine
+from ortgen.serve.engine_stats import FIRST_TOKEN_BUCKETS
 from ortgen.serve.metrics import HttpStats, registry, render
 from ortgen.serve.model_pool import ModelPool, ModelSource, ServedModel
 from ortgen.serve.state import ServerState

@@ -3,7 +3,7 @@ by model.
 
 ``prometheus_client`` writes the text (escaping, number format, the exposition rules), so
 this module only says what is measured. The counters live where they are counted (the
-engine's :class:`~ortgen.serve.engine.EngineStats`, the pool's loads, :class:`HttpStats`);
+engine's :class:`~ortgen.serve.engine_stats.EngineStats`, the pool's loads, :class:`HttpStats`);
 :class:`ServerCollector` reads them at scrape time rather than mirroring each count into a
 ``prometheus_client`` object, so the engine thread never waits on a metrics lock and a
 model's series outlive its unloads (its stats do). Each app has its own
@@ -14,7 +14,7 @@ Time to first token is exposed twice: ``ortgen_time_to_first_token_seconds``, th
 dashboards already read (quantiles over each engine's window of recent rows, ``_sum`` and
 ``_count`` cumulative over every row, as Prometheus expects), and
 ``ortgen_time_to_first_token_histogram_seconds``, a histogram over every row
-(``engine.FIRST_TOKEN_BUCKETS``), which unlike the window's quantiles can be aggregated
+(``engine_stats.FIRST_TOKEN_BUCKETS``), which unlike the window's quantiles can be aggregated
 over time, models and servers with ``histogram_quantile``. One name cannot carry both:
 a histogram has no ``quantile`` series.
 """
@@ -37,7 +37,7 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from .engine import FIRST_TOKEN_BUCKETS
+from .engine_stats import FIRST_TOKEN_BUCKETS
 
 if TYPE_CHECKING:
     from .model_pool import ModelPool

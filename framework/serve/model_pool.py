@@ -34,7 +34,8 @@ from typing import Any
 
 from ..api import TextGenerator
 from ..errors import InputError
-from .engine import Engine, EngineStats
+from .engine import Engine
+from .engine_stats import EngineStats
 from .errors import RequestError, shutting_down
 from .responses import TokenText
 

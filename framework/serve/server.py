@@ -27,7 +27,8 @@ from ..errors import OrtgenError
 from ..model.memory import one_heap
 from ..plugin_host.manager import import_plugin
 from .app import build_app
-from .engine import Engine, EngineStats
+from .engine import Engine
+from .engine_stats import EngineStats
 from .model_pool import ModelPool, ModelSource, ServedModel
 from .model_sources import model_sources
 from .state import ServerState
