@@ -39,7 +39,8 @@ class _Spy:
 
     def run_with_iobinding(self, binding, *args) -> None:
         self.real.run_with_iobinding(binding, *args)
-        shrinks = bool(args) and args[0].get_run_config_entry(memory.SHRINK_KEY) == "cpu:0"
+        options = args[0] if args else None  # None: onnxruntime's default run options
+        shrinks = options is not None and options.get_run_config_entry(memory.SHRINK_KEY) == "cpu:0"
         self.events.append("shrink" if shrinks else "run")
 
     def __getattr__(self, name: str):

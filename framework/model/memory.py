@@ -44,21 +44,21 @@ def shrink_options() -> ort.RunOptions:
 
 
 @functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim`` (None elsewhere: musl, macOS, Windows)."""
+def _glibc(name: str, *argtypes: type) -> Callable[..., int] | None:
+    """glibc's function ``name`` taking ``argtypes`` and returning an int (None where
+    the C library has none: musl, macOS, Windows)."""
     try:
-        libc = ctypes.CDLL(None)
-        trim = libc.malloc_trim
+        function = getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
         return None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
-    return trim
+    function.argtypes = list(argtypes)
+    function.restype = ctypes.c_int
+    return function
 
 
 def trim_heap() -> bool:
     """Return the C heap's free pages to the OS; False where the C library cannot."""
-    trim = _malloc_trim()
+    trim = _glibc("malloc_trim", ctypes.c_size_t)
     if trim is None:
         return False
     trim(0)
@@ -67,18 +67,6 @@ def trim_heap() -> bool:
 
 #: glibc's ``mallopt`` parameter for the most arenas (malloc.h)
 M_ARENA_MAX = -8
-
-
-@functools.cache
-def _mallopt() -> Callable[[int, int], int] | None:
-    """glibc's ``mallopt`` (None elsewhere)."""
-    try:
-        opt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return None
-    opt.argtypes = [ctypes.c_int, ctypes.c_int]
-    opt.restype = ctypes.c_int
-    return opt
 
 
 def one_heap() -> bool:
@@ -90,5 +78,5 @@ def one_heap() -> bool:
     with the largest block freed (to 64 MiB), so a server's engine arena stayed at the
     longest prompt's temporaries; ``malloc_trim(0)`` trims the main heap's top too.
     """
-    opt = _mallopt()
-    return opt is not None and opt(M_ARENA_MAX, 1) == 1
+    mallopt = _glibc("mallopt", ctypes.c_int, ctypes.c_int)
+    return mallopt is not None and mallopt(M_ARENA_MAX, 1) == 1

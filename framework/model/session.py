@@ -390,14 +390,11 @@ class ForwardBinding:
                 else:
                     binding.bind_ortvalue_output(name, presents[index])
             self._bound = (past, presents) if presents is not None else (None, None)
-        if width > 1 and self.release_after and self.model.release_memory:
-            if self.model.memory_arena:
-                self._session.run_with_iobinding(binding, shrink_options())
-            else:
-                self._session.run_with_iobinding(binding)
+        release = width > 1 and self.release_after and self.model.release_memory
+        shrink = shrink_options() if release and self.model.memory_arena else None
+        self._session.run_with_iobinding(binding, shrink)
+        if release:
             trim_heap()
-        else:
-            self._session.run_with_iobinding(binding)
         if logits_view is not None and presents is not None:  # nothing new to collect
             return logits_view, presents
         outputs = binding.get_outputs()  # in binding order: logits first
