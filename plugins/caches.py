@@ -191,9 +191,13 @@ class StaticCache:
     @property
     def nbytes(self) -> int:
         """Bytes reserved for keys/values (both halves of the ping-pong for concat graphs)."""
-        per_tensor = self._rows * self._heads * self._capacity * self._head_dim
         halves = 1 if self._shared else 2
-        return per_tensor * halves * len(self._names) * self._dtype.itemsize
+        return self._rows * self._capacity * halves * self.position_bytes
+
+    @property
+    def position_bytes(self) -> int:
+        """Bytes of keys/values one position of one row holds (every past tensor)."""
+        return len(self._names) * self._heads * self._head_dim * self._dtype.itemsize
 
     def select(self, row: int | None) -> None:
         """Expose only ``row`` (None: every row) to the next forwards.

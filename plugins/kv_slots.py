@@ -189,11 +189,6 @@ class SlotCache(StaticCache):
         self._held = [kept] + [()] * (self._rows - 1)
         self._length = len(kept)
 
-    @property
-    def position_bytes(self) -> int:
-        """Bytes of keys/values one position of one row holds (every past tensor)."""
-        return len(self._names) * self._heads * self._head_dim * self._dtype.itemsize
-
     def copy_row(self, source: int, target: int, positions: int) -> None:
         """Row ``target`` takes row ``source``'s first ``positions`` keys/values."""
         if source != target:
