@@ -155,7 +155,7 @@ def _check_shaped(
             f"{type(fmt).__name__} sets shapes_text but its answer_grammar ignores "
             "ToolSpec.text_schema (the auto grammar is the same with and without one)"
         )
-    if _accepted(grammar, _FREE_TEXT):
+    if _refusal(grammar, _FREE_TEXT) is None:
         raise AssertionError(
             f"the auto grammar with a text_schema accepts free text {_FREE_TEXT!r}\n{grammar}"
         )
@@ -334,24 +334,20 @@ class _Bytes:
         return list(text.encode() if isinstance(text, str) else text)
 
 
-def _matcher(grammar: str, text: str) -> Any:
-    """An llguidance matcher of ``grammar`` (on the byte vocabulary) fed ``text``."""
+def _refusal(grammar: str, text: str) -> str | None:
+    """Why ``grammar`` (on the byte vocabulary) refuses ``text``, or None: it accepts it."""
     import llguidance
 
     tokenizer = llguidance.LLTokenizer(
         llguidance.TokenizerWrapper(_Bytes()), n_vocab=257, eos_token=256
     )
     matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
-    matcher.consume_tokens(list(text.encode()))
-    return matcher
-
-
-def _accepted(grammar: str, text: str) -> bool:
-    matcher = _matcher(grammar, text)
-    return not matcher.is_error() and bool(matcher.is_accepting())
+    if matcher.consume_tokens(list(text.encode())) and matcher.is_accepting():
+        return None
+    return str(matcher.get_error()).split("\n")[0] or "the text ends too early"
 
 
 def _accepts(grammar: str, text: str, name: str) -> None:
-    if not _accepted(grammar, text):
-        reason = _matcher(grammar, text).get_error().split("\n")[0] or "the text ends too early"
+    reason = _refusal(grammar, text)
+    if reason is not None:
         raise AssertionError(f"the {name} grammar refuses {_short(text)}: {reason}\n{grammar}")

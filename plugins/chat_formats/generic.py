@@ -25,6 +25,7 @@ from ortgen.chat_formats import (
     json_value_end,
     partial_json_text,
     read_json_call,
+    with_system,
 )
 
 _INSTRUCTIONS = (
@@ -72,7 +73,7 @@ class GenericFormat:
             answer = _SHAPED.format(schema=json.dumps(spec.text_schema, ensure_ascii=False))
         template = _CALLS_ONLY if spec.calls_only else _INSTRUCTIONS
         text = template.format(which=which, tools=listed, answer=answer)
-        return _with_system(conversation, text), None
+        return with_system(conversation, text), None
 
     def answer_grammar(self, spec: ToolSpec) -> str:
         calls: dict[str, Any] = {
@@ -183,19 +184,6 @@ def _calls(text: str, index: int) -> list[CallDraft]:
             break
         index = end + following.end()
     return calls
-
-
-def _with_system(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
-    """``text`` at the end of the system message (a new one first if there is none)."""
-    if (
-        messages
-        and messages[0].get("role") == "system"
-        and isinstance(messages[0].get("content"), str)
-    ):
-        first = dict(messages[0])
-        first["content"] = f"{first['content']}\n\n{text}"
-        return [first, *messages[1:]]
-    return [{"role": "system", "content": text}, *messages]
 
 
 def _plain_history(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
