@@ -294,3 +294,13 @@ def test_ortgen_run_reports_the_file_and_its_command_line_in_one_error(tmp_path,
         "  - command line: top_p must be in [0, 1], got 3.0",
         f"  - input file {missing} does not exist",
     ]
+
+
+@pytest.mark.parametrize("name", ["~nosuchuser_ortgen/s.json", "~\x00/s.json", "a\x00b.json"])
+def test_an_output_schema_name_the_system_refuses_is_a_problem(name) -> None:
+    """Found by the fuzzer: ``~user`` of no user and a NUL byte raised from the path
+    calls instead of being one problem naming ``[output] json_schema``."""
+    from ortgen.config.pipeline import check_pipeline
+
+    _, problems = check_pipeline({"output": {"json_schema": name}})
+    assert [key for key, _ in problems] == ["output.json_schema"]

@@ -356,16 +356,17 @@ def _output_schema(value: Any, path: Path | None, problems: list[Problem]) -> An
             f"of the schema, got {value!r}"
         )
         return None
-    where = Path(value).expanduser()
     beside = ""
-    if not where.is_absolute() and path is not None:
-        where = path.parent / where
-        beside = " (a relative path is read from the pipeline file's folder)"
-    try:
+    try:  # ~user of no user, a NUL byte, a name too long: the system refuses the name
+        where = Path(value).expanduser()
+        if not where.is_absolute() and path is not None:
+            where = path.parent / where
+            beside = " (a relative path is read from the pipeline file's folder)"
         found = where.is_file()
-    except OSError as exc:  # a name the system refuses (too long, say)
+    except (OSError, ValueError, RuntimeError) as exc:
         shown = value if len(value) <= 60 else value[:57] + "..."
-        bad(f"[output] json_schema: {shown!r} is no file name: {exc.strerror}")
+        why = getattr(exc, "strerror", None) or str(exc)
+        bad(f"[output] json_schema: {shown!r} is no file name: {why}")
         return None
     if not found:
         bad(f"[output] json_schema: no file {where}{beside}")
